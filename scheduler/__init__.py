@@ -1,0 +1,5 @@
+"""jobq: a fault-tolerant job scheduler for Python."""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"

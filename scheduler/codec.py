@@ -1,0 +1,79 @@
+"""The wire envelope: the only place that knows what a transport message holds.
+
+    {"v": 1, "run_id", "job_id", "fence", "task", "priority", "attempt", "payload"?, "trace"?}
+
+The payload travels inline when it is small; otherwise the worker reads it from the store.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from jobq.errors import TransportError
+from jobq.models import Priority
+
+VERSION = 1
+INLINE_PAYLOAD_MAX_BYTES = 8 * 1024
+_MISSING = object()
+
+
+class UndecodableMessage(TransportError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    run_id: str
+    job_id: str
+    fence: int
+    task: str
+    priority: Priority
+    attempt: int
+    payload: Any = _MISSING  # _MISSING: not inlined, read it from the store
+    trace: str | None = None
+
+    @property
+    def payload_inline(self) -> bool:
+        return self.payload is not _MISSING
+
+
+def encode(envelope: Envelope) -> bytes:
+    doc: dict[str, Any] = {
+        "v": VERSION,
+        "run_id": envelope.run_id,
+        "job_id": envelope.job_id,
+        "fence": envelope.fence,
+        "task": envelope.task,
+        "priority": envelope.priority.value,
+        "attempt": envelope.attempt,
+    }
+    if envelope.trace:
+        doc["trace"] = envelope.trace
+    if envelope.payload is not _MISSING:
+        payload = json.dumps(envelope.payload, separators=(",", ":"))
+        if len(payload) <= INLINE_PAYLOAD_MAX_BYTES:
+            doc["payload"] = envelope.payload
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def decode(body: bytes) -> Envelope:
+    try:
+        doc = json.loads(body)
+        if doc.get("v") != VERSION:
+            raise UndecodableMessage(f"unsupported envelope version {doc.get('v')!r}")
+        return Envelope(
+            run_id=str(doc["run_id"]),
+            job_id=str(doc["job_id"]),
+            fence=int(doc["fence"]),
+            task=str(doc["task"]),
+            priority=Priority(doc["priority"]),
+            attempt=int(doc["attempt"]),
+            payload=doc.get("payload", _MISSING),
+            trace=doc.get("trace"),
+        )
+    except UndecodableMessage:
+        raise
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise UndecodableMessage(f"not a jobq envelope: {exc}") from exc

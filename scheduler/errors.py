@@ -1,0 +1,182 @@
+"""Every error jobq raises, in one tree.
+
+    JobqError
+    ├── ConfigError                 a setting or URL is wrong (names the key and the value)
+    │   └── MissingExtra            an optional backend's extra is not installed
+    ├── InvalidJob                  a submission is refused; nothing was written
+    │   ├── ScheduleError
+    │   │   ├── InvalidCron
+    │   │   ├── UnknownTimezone
+    │   │   └── MissedWindow        a one-off due before its catch-up window
+    │   ├── UnknownTask
+    │   └── PayloadTooLarge
+    ├── StoreError                  `retryable` says whether trying again may help
+    │   ├── NotFound
+    │   │   ├── JobNotFound
+    │   │   └── RunNotFound
+    │   ├── Conflict
+    │   │   ├── DuplicateJob
+    │   │   ├── IdempotencyConflict
+    │   │   └── TransitionRejected  a compare-and-set lost: state or fence moved
+    │   └── StoreUnavailable
+    ├── TransportError
+    │   └── TransportUnavailable
+    ├── IllegalTransition           a bug: code asked for a transition the table forbids
+    └── TaskError                   raised by task code to steer the outcome
+        ├── Retry
+        └── Fail
+
+Foreign exceptions (sqlite3, redis, botocore, kombu, psycopg) are translated into this tree
+at the backend that meets them and never escape it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class JobqError(Exception):
+    """Root of every error jobq raises on purpose."""
+
+    retryable: bool = False
+
+
+class ConfigError(JobqError):
+    def __init__(self, key: str, value: object, reason: str) -> None:
+        super().__init__(f"{key}={value!r}: {reason}")
+        self.key = key
+        self.value = value
+
+
+class MissingExtra(ConfigError):
+    def __init__(self, feature: str, extra: str, module: str) -> None:
+        JobqError.__init__(
+            self, f"{feature} needs the '{module}' package: pip install 'jobq[{extra}]'"
+        )
+        self.key = feature
+        self.value = extra
+        self.extra = extra
+
+
+class InvalidJob(JobqError):
+    """A submission was refused. `field` names the offending input when there is one."""
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+
+
+class ScheduleError(InvalidJob):
+    pass
+
+
+class InvalidCron(ScheduleError):
+    pass
+
+
+class UnknownTimezone(ScheduleError):
+    pass
+
+
+class MissedWindow(ScheduleError):
+    pass
+
+
+class UnknownTask(InvalidJob):
+    pass
+
+
+class PayloadTooLarge(InvalidJob):
+    pass
+
+
+class StoreError(JobqError):
+    pass
+
+
+class NotFound(StoreError):
+    pass
+
+
+class JobNotFound(NotFound):
+    def __init__(self, job_id: str) -> None:
+        super().__init__(f"no job {job_id!r}")
+        self.job_id = job_id
+
+
+class RunNotFound(NotFound):
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"no run {run_id!r}")
+        self.run_id = run_id
+
+
+class Conflict(StoreError):
+    pass
+
+
+class DuplicateJob(Conflict):
+    def __init__(self, job_id: str) -> None:
+        super().__init__(f"a job with id {job_id!r} already exists")
+        self.job_id = job_id
+
+
+class IdempotencyConflict(Conflict):
+    def __init__(self, key: str) -> None:
+        super().__init__(f"Idempotency-Key {key!r} was already used with a different request body")
+        self.key = key
+
+
+class TransitionRejected(Conflict):
+    """A compare-and-set found the run in another state or at another fence.
+
+    `current` is the run as the store holds it (None when it does not exist).
+    """
+
+    def __init__(self, run_id: str, expected: str, current: Any = None) -> None:
+        super().__init__(f"run {run_id!r}: expected {expected}, found {_describe(current)}")
+        self.run_id = run_id
+        self.current = current
+
+
+def _describe(run: Any) -> str:
+    if run is None:
+        return "no such run"
+    return f"state={run.state} fence={run.fence}"
+
+
+class StoreUnavailable(StoreError):
+    retryable = True
+
+
+class TransportError(JobqError):
+    pass
+
+
+class TransportUnavailable(TransportError):
+    retryable = True
+
+
+class IllegalTransition(JobqError):
+    pass
+
+
+class TaskError(JobqError):
+    pass
+
+
+class Retry(TaskError):  # noqa: N818 - reads as a verb in task code: `raise Retry(delay_s=30)`
+    """Raised by a task to retry this run after `delay_s` (or the policy's backoff when None).
+
+    It still counts as an attempt; after the last one the run is dead-lettered.
+    """
+
+    retryable = True
+
+    def __init__(self, reason: str = "retry requested", *, delay_s: float | None = None) -> None:
+        super().__init__(reason)
+        self.delay_s = delay_s
+
+
+class Fail(TaskError):  # noqa: N818 - reads as a verb in task code: `raise Fail("bad input")`
+    """Raised by a task to fail this run now, with no further attempts."""

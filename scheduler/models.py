@@ -1,0 +1,310 @@
+"""The domain records: jobs, runs, their states and the one table of allowed transitions.
+
+A *job* is what a user submits (target, payload, schedule, priority, policies). A *run* is
+one firing of it, identified by `run_id = f"{job_id}:{nominal_ms}"`, so creating the same
+run twice is a no-op. Times are integer milliseconds since the epoch, UTC.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from jobq.errors import IllegalTransition, InvalidJob
+
+
+class Priority(enum.StrEnum):
+    CRITICAL = "CRITICAL"
+    HIGH = "HIGH"
+    DEFAULT = "DEFAULT"
+    LOW = "LOW"
+
+    @property
+    def rank(self) -> int:
+        """0 for CRITICAL up to 3 for LOW: lower ranks are served first."""
+        return _PRIORITY_RANK[self]
+
+    @property
+    def queue(self) -> str:
+        """The transport queue of this tier: `critical`, `high`, `default` or `low`."""
+        return self.value.lower()
+
+    @classmethod
+    def parse(cls, value: str | Priority) -> Priority:
+        try:
+            return cls(str(value).upper())
+        except ValueError:
+            names = ", ".join(p.value for p in cls)
+            raise InvalidJob(f"unknown priority {value!r}; use one of {names}", field="priority") from None
+
+    @classmethod
+    def from_queue(cls, queue: str) -> Priority:
+        return cls.parse(queue)
+
+
+_PRIORITY_RANK = {Priority.CRITICAL: 0, Priority.HIGH: 1, Priority.DEFAULT: 2, Priority.LOW: 3}
+PRIORITIES_BY_RANK = sorted(Priority, key=lambda p: p.rank)
+
+
+class RunState(enum.StrEnum):
+    SCHEDULED = "SCHEDULED"
+    CLAIMED = "CLAIMED"
+    DISPATCHED = "DISPATCHED"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL_STATES
+
+
+TERMINAL_STATES = frozenset({RunState.SUCCEEDED, RunState.FAILED, RunState.CANCELLED})
+LEASED_STATES = frozenset({RunState.CLAIMED, RunState.DISPATCHED, RunState.RUNNING})
+
+S = RunState
+# The only place that says which state may follow which. Every store change goes through a
+# compare-and-set that names one of these edges.
+TRANSITIONS: Mapping[RunState, frozenset[RunState]] = {
+    # claim; missed (past its misfire deadline); cancel
+    S.SCHEDULED: frozenset({S.CLAIMED, S.FAILED, S.CANCELLED, S.SCHEDULED}),
+    # publish; a worker faster than the scanner's DISPATCHED write; lease expired or overlap wait
+    S.CLAIMED: frozenset({S.DISPATCHED, S.RUNNING, S.SCHEDULED, S.FAILED, S.CANCELLED}),
+    # start; lease expired (reaper)
+    S.DISPATCHED: frozenset({S.RUNNING, S.SCHEDULED, S.FAILED, S.CANCELLED}),
+    # outcome; retry (attempt+1) or reclaimed (reaper)
+    S.RUNNING: frozenset({S.RUNNING, S.SUCCEEDED, S.SCHEDULED, S.FAILED, S.CANCELLED}),
+    S.SUCCEEDED: frozenset(),
+    # redrive from the dead-letter list (or its purge, which stays FAILED)
+    S.FAILED: frozenset({S.SCHEDULED, S.FAILED}),
+    S.CANCELLED: frozenset(),
+}
+del S
+
+
+def check_transition(from_states: frozenset[RunState], to_state: RunState) -> None:
+    for state in from_states:
+        if to_state not in TRANSITIONS[state]:
+            raise IllegalTransition(f"{state} -> {to_state} is not an allowed run transition")
+
+
+class JobStatus(enum.StrEnum):
+    ACTIVE = "ACTIVE"
+    PAUSED = "PAUSED"
+    COMPLETED = "COMPLETED"  # its schedule is exhausted: no further runs will be created
+    CANCELLED = "CANCELLED"
+
+
+class ScheduleType(enum.StrEnum):
+    ONE_OFF = "ONE_OFF"
+    CRON = "CRON"
+    IMMEDIATE = "IMMEDIATE"
+
+
+class MisfirePolicy(enum.StrEnum):
+    FIRE_ONCE_NOW = "fire_once_now"
+    SKIP = "skip"
+    FIRE_ALL = "fire_all"
+
+
+class OverlapPolicy(enum.StrEnum):
+    SKIP = "SKIP"
+    BUFFER_ONE = "BUFFER_ONE"
+    BUFFER_ALL = "BUFFER_ALL"
+    CANCEL_OTHER = "CANCEL_OTHER"
+    ALLOW_ALL = "ALLOW_ALL"
+
+
+class DstGap(enum.StrEnum):
+    SKIP = "skip"
+    SHIFT = "shift"
+
+
+class DstOverlap(enum.StrEnum):
+    ONCE = "once"
+    TWICE = "twice"
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=False, use_enum_values=False)
+
+
+class RetryPolicy(_Record):
+    """Full-jitter exponential backoff: attempt n waits uniform(0, min(max, initial * mult^(n-1)))."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_retries: int = Field(default=3, ge=0, le=1000)
+    initial_interval_sec: float = Field(default=1.0, ge=0, le=86_400)
+    backoff_multiplier: float = Field(default=2.0, ge=1.0, le=100)
+    max_interval_sec: float = Field(default=300.0, ge=0, le=7 * 86_400)
+    non_retryable_errors: tuple[str, ...] = ()
+    max_age_sec: float | None = Field(default=None, gt=0)
+
+    @property
+    def max_attempts(self) -> int:
+        return self.max_retries + 1
+
+
+class TaskTarget(_Record):
+    type: Literal["TASK"] = "TASK"
+    task: str = Field(min_length=1, max_length=200)
+
+
+class WebhookTarget(_Record):
+    type: Literal["HTTP_WEBHOOK"] = "HTTP_WEBHOOK"
+    endpoint: str = Field(min_length=1, max_length=2048)
+    method: Literal["GET", "POST", "PUT", "PATCH", "DELETE"] = "POST"
+    headers: dict[str, str] = Field(default_factory=dict)
+    timeout_seconds: float = Field(default=30.0, gt=0, le=900)
+
+
+Target = Annotated[TaskTarget | WebhookTarget, Field(discriminator="type")]
+
+
+class Schedule(_Record):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: ScheduleType
+    at_ms: int | None = None  # ONE_OFF and IMMEDIATE: the nominal fire time
+    cron: str | None = None  # CRON: the normalised expression
+    timezone: str = "UTC"
+    dst_gap: DstGap = DstGap.SKIP
+    dst_overlap: DstOverlap = DstOverlap.ONCE
+
+
+class Job(_Record):
+    job_id: str
+    tenant_id: str = "default"
+    name: str
+    target: Target
+    payload: Any = None
+    schedule: Schedule
+    priority: Priority = Priority.DEFAULT
+    retry: RetryPolicy = Field(default_factory=RetryPolicy)
+    misfire_policy: MisfirePolicy = MisfirePolicy.FIRE_ONCE_NOW
+    catchup_window_s: int = 86_400
+    overlap_policy: OverlapPolicy = OverlapPolicy.SKIP
+    jitter_s: int = 0
+    timeout_s: float | None = None
+    status: JobStatus = JobStatus.ACTIVE
+    next_fire_ms: int | None = None  # the next nominal fire time not yet materialised as a run
+    last_run_id: str | None = None  # the newest materialised run (overlap policies look at it)
+    created_ms: int
+    updated_ms: int
+    version: int = 0
+
+    @property
+    def task_name(self) -> str:
+        return self.target.task if isinstance(self.target, TaskTarget) else f"webhook:{self.target.method}"
+
+    @property
+    def recurring(self) -> bool:
+        return self.schedule.type is ScheduleType.CRON
+
+
+class Run(_Record):
+    run_id: str
+    job_id: str
+    tenant_id: str = "default"
+    nominal_ms: int  # the fire time the run stands for (part of its id)
+    due_ms: int  # when it may next be claimed: nominal + jitter, or a retry's backoff
+    priority: Priority = Priority.DEFAULT
+    state: RunState = RunState.SCHEDULED
+    attempt: int = 1
+    fence: int = 0
+    version: int = 0
+    lease_owner: str | None = None
+    lease_expires_ms: int | None = None
+    last_heartbeat_ms: int | None = None
+    last_error: str | None = None
+    deadline_ms: int | None = None  # not dispatched after this: a misfire beyond the window
+    prev_run_id: str | None = None  # the job's previous run, for overlap policies
+    dead_letter: bool = False
+    result: Any = None
+    created_ms: int
+    updated_ms: int
+    started_ms: int | None = None
+    finished_ms: int | None = None
+
+    @staticmethod
+    def make_id(job_id: str, nominal_ms: int) -> str:
+        return f"{job_id}:{nominal_ms}"
+
+
+# The fields a transition may change besides state and fence. Backends whitelist these.
+MUTABLE_RUN_FIELDS = frozenset(
+    {
+        "attempt",
+        "due_ms",
+        "lease_owner",
+        "lease_expires_ms",
+        "last_heartbeat_ms",
+        "last_error",
+        "deadline_ms",
+        "dead_letter",
+        "result",
+        "started_ms",
+        "finished_ms",
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """A compare-and-set on one run: applied only while `state in expect` and `fence == expect_fence`.
+
+    `bump_fence` adds one to the fence in the same write. `expect_fence=None` matches any fence
+    (used only by operator actions that read the run first and bump the fence themselves).
+    """
+
+    run_id: str
+    expect: frozenset[RunState]
+    to_state: RunState
+    expect_fence: int | None
+    changes: Mapping[str, Any] = field(default_factory=dict)
+    bump_fence: bool = False
+    expect_owner: str | None = None
+
+    def __post_init__(self) -> None:
+        check_transition(self.expect, self.to_state)
+        unknown = set(self.changes) - MUTABLE_RUN_FIELDS
+        if unknown:
+            raise IllegalTransition(f"a transition cannot change {sorted(unknown)}")
+
+    def describe(self) -> str:
+        states = "|".join(sorted(self.expect))
+        fence = "any" if self.expect_fence is None else str(self.expect_fence)
+        return f"state in {states} and fence={fence}"
+
+
+class RunEvent(_Record):
+    """One line of a run's history: what happened to which attempt, when, and by whom."""
+
+    run_id: str
+    job_id: str
+    tenant_id: str = "default"
+    attempt: int
+    fence: int
+    kind: str  # DISPATCHED, STARTED, SUCCEEDED, RETRYING, FAILED, RECLAIMED, CANCELLED, MISSED, SKIPPED, ...
+    at_ms: int
+    worker: str | None = None
+    error: str | None = None
+    duration_ms: int | None = None
+
+
+class IdempotencyRecord(_Record):
+    """An Idempotency-Key, written in the same transaction as the job it created."""
+
+    tenant_id: str
+    key: str
+    fingerprint: str  # hash of the request body: the same key with another body is a conflict
+    job_id: str
+    response: str | None = None  # the original response, replayed verbatim
+    created_ms: int
+    expires_ms: int

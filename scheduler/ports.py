@@ -1,0 +1,227 @@
+"""The four ports daemons and clients depend on. Backends implement them; nothing else knows one.
+
+Every method states its contract: what is atomic, what is idempotent, what it raises. Backends
+translate their own exceptions into `jobq.errors` (`StoreUnavailable`, `TransportUnavailable`,
+...) before they leave the backend.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Generic, Protocol, TypeVar
+
+from jobq.models import (
+    IdempotencyRecord,
+    Job,
+    JobStatus,
+    Priority,
+    Run,
+    RunEvent,
+    RunState,
+    Transition,
+)
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Page(Generic[T]):
+    items: list[T]
+    next_cursor: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class JobQuery:
+    tenant_id: str | None = None
+    status: JobStatus | None = None
+    priority: Priority | None = None
+    name_prefix: str | None = None
+    cursor: str | None = None  # opaque, from a previous Page
+    limit: int = 100
+
+
+@dataclass(frozen=True, slots=True)
+class RunQuery:
+    job_id: str | None = None
+    tenant_id: str | None = None
+    states: frozenset[RunState] = field(default_factory=frozenset)
+    dead_letter: bool | None = None
+    cursor: str | None = None
+    limit: int = 100
+
+
+@dataclass(frozen=True, slots=True)
+class CreateResult:
+    job: Job
+    created: bool  # False when an Idempotency-Key replayed an earlier creation
+    response: str | None = None  # the stored response of that earlier creation
+
+
+class JobStore(Protocol):
+    """The source of truth for jobs, runs, idempotency keys and registered task names."""
+
+    def create_job(self, job: Job, runs: Sequence[Run], idempotency: IdempotencyRecord | None = None) -> CreateResult:
+        """Write the job, its first runs and its idempotency key in one atomic step.
+
+        With an idempotency key already stored for the tenant: the same fingerprint returns the
+        original job (`created=False`), another fingerprint raises `IdempotencyConflict`; nothing
+        is written in either case. A job id that exists raises `DuplicateJob`.
+        """
+        ...
+
+    def get_jobs(self, job_ids: Sequence[str]) -> dict[str, Job]:
+        """The jobs that exist among `job_ids`, by id (one batch read)."""
+        ...
+
+    def list_jobs(self, query: JobQuery) -> Page[Job]:
+        """Jobs matching every given filter, ordered by job id, paginated by an opaque cursor."""
+        ...
+
+    def update_job(self, job: Job) -> Job:
+        """Replace the job if the stored version still equals `job.version`; returns it at version+1.
+
+        Raises `Conflict` when the version moved and `JobNotFound` when it does not exist.
+        """
+        ...
+
+    def due_jobs(self, before_ms: int, limit: int) -> list[Job]:
+        """ACTIVE jobs whose `next_fire_ms <= before_ms`, earliest first."""
+        ...
+
+    def add_runs(self, runs: Sequence[Run]) -> list[Run]:
+        """Insert the runs whose id is absent and return those; existing runs are left untouched."""
+        ...
+
+    def get_runs(self, run_ids: Sequence[str]) -> dict[str, Run]:
+        """The runs that exist among `run_ids`, by id (one batch read)."""
+        ...
+
+    def list_runs(self, query: RunQuery) -> Page[Run]:
+        """Runs matching the filters, newest nominal time first, paginated by an opaque cursor."""
+        ...
+
+    def claim(self, run_ids: Sequence[str], now_ms: int, owner: str, lease_ms: int) -> list[Run]:
+        """Atomically, per run: if SCHEDULED and `due_ms <= now_ms`, move it to CLAIMED with fence+1
+        and a lease for `owner`. Returns the runs this call claimed; the others were taken,
+        cancelled or not yet due. Safe to call from many scanners at once."""
+        ...
+
+    def transition(self, transitions: Sequence[Transition]) -> list[Run | None]:
+        """Apply each compare-and-set; the result at index i is the new run, or None when its
+        condition failed (state, fence or lease owner moved, or no such run). Each transition is
+        atomic on its own and bumps `version`; a batch may commit in one transaction."""
+        ...
+
+    def expired_leases(self, now_ms: int, limit: int) -> list[Run]:
+        """CLAIMED, DISPATCHED and RUNNING runs whose `lease_expires_ms < now_ms`, oldest first."""
+        ...
+
+    def overdue_runs(self, before_ms: int, limit: int) -> list[Run]:
+        """SCHEDULED runs with `due_ms <= before_ms`, by priority then due time."""
+        ...
+
+    def idempotency(self, tenant_id: str, key: str, now_ms: int) -> IdempotencyRecord | None:
+        """The unexpired record of this key, if any."""
+        ...
+
+    def register_worker(self, worker_id: str, tasks: Sequence[str], queues: Sequence[str], now_ms: int) -> None:
+        """Record that `worker_id` serves `tasks` (idempotent; refreshed by every call)."""
+        ...
+
+    def known_tasks(self) -> set[str]:
+        """Every task name a worker has registered."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class IndexEntry:
+    run_id: str
+    due_ms: int
+    priority: Priority
+
+
+class TimeIndex(Protocol):
+    """Which runs are due when. An accelerator: the store stays the truth, beat repairs the index."""
+
+    #: True when the index is a view of the store itself (nothing to add, nothing to repair).
+    derived_from_store: bool
+
+    def add(self, entries: Sequence[IndexEntry]) -> None:
+        """Index the runs at their due time. Idempotent: adding an entry again only moves its time."""
+        ...
+
+    def claim_due(self, now_ms: int, limit: int) -> list[str]:
+        """Up to `limit` run ids with `due_ms <= now_ms`, CRITICAL first, then by due time.
+        Atomically removes them where the index holds its own copy, so two scanners rarely
+        see the same id (and the store claim decides when they do)."""
+        ...
+
+    def discard(self, run_ids: Sequence[str]) -> None:
+        """Remove the runs; absent ids are ignored."""
+        ...
+
+    def next_due_ms(self) -> int | None:
+        """The earliest due time indexed, or None when empty (the scanner sleeps until then)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    queue: str
+    body: bytes
+    receipt: str  # opaque handle for ack/nack/extend
+    delivery_count: int  # 1 on the first delivery
+
+
+class Transport(Protocol):
+    """Hands published messages to consumers; at-least-once; one queue per priority tier."""
+
+    def publish(self, queue: str, bodies: Sequence[bytes]) -> None:
+        """Enqueue every body (batched where the broker allows). Raises `TransportUnavailable`."""
+        ...
+
+    def consume(self, queues: Sequence[str], max_messages: int, wait_s: float) -> list[Delivery]:
+        """Up to `max_messages` deliveries, taking from `queues[0]` first and later queues only
+        when earlier ones are empty (strict priority). Waits up to `wait_s` when all are empty.
+        A delivery is invisible to others until acked, nacked or its visibility timeout ends."""
+        ...
+
+    def ack(self, deliveries: Sequence[Delivery]) -> None:
+        """Delete the messages. Acking a message that was redelivered elsewhere is a no-op."""
+        ...
+
+    def nack(self, deliveries: Sequence[Delivery], delay_s: float = 0) -> None:
+        """Return the messages to their queue, visible again after `delay_s`."""
+        ...
+
+    def extend(self, deliveries: Sequence[Delivery], visibility_s: float) -> None:
+        """Keep the messages invisible for `visibility_s` more seconds (long tasks)."""
+        ...
+
+    def depth(self, queue: str) -> int:
+        """Messages in the queue, visible or not (approximate on distributed brokers)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class HistorySink(Protocol):
+    """Where every attempt's start and outcome is recorded for later reading."""
+
+    def record(self, events: Sequence[RunEvent]) -> None:
+        """Persist the events. May buffer; `flush` forces them out. Never raises on the hot path:
+        failures are logged and counted."""
+        ...
+
+    def read(self, job_id: str, limit: int = 1000) -> list[RunEvent]:
+        """The job's events, oldest first."""
+        ...
+
+    def flush(self) -> None: ...
+
+    def close(self) -> None: ...

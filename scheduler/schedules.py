@@ -1,0 +1,321 @@
+"""When jobs fire: cron in an IANA timezone with jobq's DST rules, one-offs, misfire planning.
+
+croniter iterates *wall-clock* time only (naive datetimes, pure calendar arithmetic). Turning
+wall-clock matches into instants is ours, done segment by segment between the zone's UTC
+offset changes, so that the DST rules hold exactly:
+
+* spring-forward gap: a wall time that does not exist is skipped; with `dst_gap=shift` the
+  job fires once at the first valid instant after the gap.
+* fall-back overlap: a repeated wall time fires once, at its first occurrence; with
+  `dst_overlap=twice` it fires at both. Wildcard jobs (minute or hour field starting with
+  `*`, as in Vixie cron) fire at every real instant whose wall time matches, in both passes.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from croniter import croniter
+from croniter.croniter import CroniterBadDateError, CroniterError
+
+from jobq.errors import InvalidCron, UnknownTimezone
+from jobq.models import DstGap, DstOverlap, Job, MisfirePolicy, Schedule, ScheduleType
+
+ALIASES = {
+    "@yearly": "0 0 1 1 *",
+    "@annually": "0 0 1 1 *",
+    "@monthly": "0 0 1 * *",
+    "@weekly": "0 0 * * 0",
+    "@daily": "0 0 * * *",
+    "@midnight": "0 0 * * *",
+    "@hourly": "0 * * * *",
+}
+DIALECTS = ("unix",)
+MISFIRE_THRESHOLD_MS = 60_000
+_EPOCH = datetime(1970, 1, 1)
+_SECOND = 1000
+_HOUR = 3_600_000
+_PROBE_MS = 6 * _HOUR  # no zone changes its offset twice within six hours
+
+
+@dataclass(frozen=True, slots=True)
+class CronExpr:
+    expression: str  # normalised: aliases expanded, single spaces, names upper-cased
+    has_seconds: bool  # six fields, seconds first
+    wildcard: bool  # minute or hour field starts with '*': fires in both passes of a repeat
+
+
+def parse_cron(expression: str, dialect: str = "unix") -> CronExpr:
+    """Validate and normalise a 5-field or 6-field (seconds first) expression, or an alias."""
+    if dialect not in DIALECTS:
+        raise InvalidCron(f"unknown cron_dialect {dialect!r}; supported: {', '.join(DIALECTS)}", field="cron_dialect")
+    text = " ".join(expression.split())
+    if not text:
+        raise InvalidCron("empty cron expression", field="cron_expression")
+    if text.startswith("@"):
+        if text.lower() not in ALIASES:
+            known = ", ".join(sorted(ALIASES))
+            raise InvalidCron(f"unknown cron alias {text!r}; use one of {known}", field="cron_expression")
+        text = ALIASES[text.lower()]
+    fields = text.upper().split(" ")
+    if len(fields) not in (5, 6):
+        raise InvalidCron(
+            f"cron expression {expression!r} has {len(fields)} fields; use 5 (minute hour day month weekday) "
+            "or 6 (second minute hour day month weekday)",
+            field="cron_expression",
+        )
+    normalised = " ".join(fields)
+    has_seconds = len(fields) == 6
+    try:
+        it = croniter(normalised, datetime(2026, 1, 1), second_at_beginning=has_seconds)
+        it.get_next(datetime)
+    except CroniterBadDateError:
+        raise InvalidCron(f"cron expression {expression!r} never fires", field="cron_expression") from None
+    except (CroniterError, ValueError, KeyError, IndexError, TypeError) as exc:
+        raise InvalidCron(f"invalid cron expression {expression!r}: {exc}", field="cron_expression") from None
+    minute, hour = fields[-5], fields[-4]
+    return CronExpr(normalised, has_seconds, minute.startswith("*") or hour.startswith("*"))
+
+
+@functools.lru_cache(maxsize=512)
+def zone(name: str) -> ZoneInfo:
+    """The IANA zone, or `UnknownTimezone` naming it."""
+    try:
+        if not name or name != name.strip() or ".." in name or name.startswith("/"):
+            raise ValueError
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError, OSError):
+        raise UnknownTimezone(f"unknown timezone {name!r}; use an IANA name such as 'America/New_York'",
+                              field="timezone") from None
+
+
+def _offset_ms(tz: ZoneInfo, instant_ms: int) -> int:
+    offset = datetime.fromtimestamp(instant_ms / 1000, tz).utcoffset()
+    assert offset is not None
+    return offset // timedelta(milliseconds=1)
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    at_ms: int  # first instant with the new offset
+    before_ms: int
+    after_ms: int
+
+
+@functools.lru_cache(maxsize=4096)
+def _transitions_in_year(tz: ZoneInfo, year: int) -> tuple[Transition, ...]:
+    """The zone's offset changes during the UTC year, found by probing then bisecting to the second."""
+    start = int(datetime(year, 1, 1, tzinfo=UTC).timestamp()) * 1000
+    end = int(datetime(year + 1, 1, 1, tzinfo=UTC).timestamp()) * 1000
+    found: list[Transition] = []
+    lo, lo_offset = start, _offset_ms(tz, start)
+    while lo < end:
+        hi = min(lo + _PROBE_MS, end)
+        hi_offset = _offset_ms(tz, hi)
+        if hi_offset != lo_offset:
+            a, b = lo, hi  # offset(a) == lo_offset, offset(b) != lo_offset
+            while b - a > _SECOND:
+                mid = (a + b) // 2 // _SECOND * _SECOND
+                if mid <= a:
+                    mid = a + _SECOND
+                if _offset_ms(tz, mid) == lo_offset:
+                    a = mid
+                else:
+                    b = mid
+            found.append(Transition(b, lo_offset, _offset_ms(tz, b)))
+        lo, lo_offset = hi, hi_offset
+    return tuple(found)
+
+
+def _next_transition(tz: ZoneInfo, after_ms: int, until_ms: int) -> Transition | None:
+    """The first offset change at an instant in (after_ms, until_ms]."""
+    year = datetime.fromtimestamp(after_ms / 1000, UTC).year
+    last_year = datetime.fromtimestamp(until_ms / 1000, UTC).year
+    while year <= last_year:
+        for t in _transitions_in_year(tz, year):
+            if t.at_ms > until_ms:
+                return None
+            if t.at_ms > after_ms:
+                return t
+        year += 1
+    return None
+
+
+class CronSchedule:
+    """A cron expression in a timezone, with jobq's DST rules. Thread-safe."""
+
+    def __init__(
+        self,
+        expression: str,
+        timezone: str = "UTC",
+        *,
+        dialect: str = "unix",
+        dst_gap: DstGap = DstGap.SKIP,
+        dst_overlap: DstOverlap = DstOverlap.ONCE,
+    ) -> None:
+        self.expr = parse_cron(expression, dialect)
+        self.tz = zone(timezone)
+        self.dst_gap = dst_gap
+        self.dst_overlap = dst_overlap
+        self._iter = croniter(self.expr.expression, datetime(2026, 1, 1), second_at_beginning=self.expr.has_seconds)
+        self._lock = threading.Lock()
+
+    @property
+    def expression(self) -> str:
+        return self.expr.expression
+
+    def _wall_next(self, wall_ms: int, *, inclusive: bool) -> int | None:
+        """The first wall-clock match after (or at, when inclusive) `wall_ms`, as naive ms."""
+        start = _EPOCH + timedelta(milliseconds=wall_ms - (1 if inclusive else 0))
+        with self._lock:
+            self._iter.set_current(start, force=True)
+            try:
+                found: datetime = self._iter.get_next(datetime)
+            except CroniterBadDateError:
+                return None
+        return (found - _EPOCH) // timedelta(milliseconds=1)
+
+    def _fires_in_second_pass(self, instant_ms: int) -> bool:
+        if self.expr.wildcard or self.dst_overlap is DstOverlap.TWICE:
+            return True
+        return datetime.fromtimestamp(instant_ms / 1000, self.tz).fold == 0
+
+    def next_after(self, after_ms: int) -> int | None:
+        """The first fire instant strictly after `after_ms`, or None if it never fires again."""
+        start, inclusive = after_ms, False
+        for _ in range(10_000):
+            offset = _offset_ms(self.tz, start)
+            wall = self._wall_next(start + offset, inclusive=inclusive)
+            if wall is None:
+                return None
+            instant = wall - offset
+            change = _next_transition(self.tz, start, instant)
+            if change is None:
+                if self._fires_in_second_pass(instant):
+                    return instant
+                start, inclusive = instant, False
+                continue
+            if change.after_ms > change.before_ms and self.dst_gap is DstGap.SHIFT:
+                gap_start, gap_end = change.at_ms + change.before_ms, change.at_ms + change.after_ms
+                in_gap = self._wall_next(gap_start, inclusive=True)
+                if in_gap is not None and in_gap < gap_end and change.at_ms > after_ms:
+                    return change.at_ms
+            start, inclusive = change.at_ms, True
+        raise InvalidCron(f"cron expression {self.expression!r} did not resolve to a fire time")
+
+    def iter_after(self, after_ms: int) -> Iterator[int]:
+        current: int | None = after_ms
+        while True:
+            assert current is not None
+            current = self.next_after(current)
+            if current is None:
+                return
+            yield current
+
+    def fire_times(self, after_ms: int, n: int) -> list[int]:
+        out: list[int] = []
+        for instant in self.iter_after(after_ms):
+            if len(out) >= n:
+                break
+            out.append(instant)
+        return out
+
+
+@functools.lru_cache(maxsize=10_000)
+def cron_for(schedule: Schedule) -> CronSchedule:
+    """The (cached) cron schedule of a CRON `Schedule`."""
+    assert schedule.cron is not None
+    return CronSchedule(
+        schedule.cron, schedule.timezone, dst_gap=schedule.dst_gap, dst_overlap=schedule.dst_overlap
+    )
+
+
+def next_fire(schedule: Schedule, after_ms: int) -> int | None:
+    """The schedule's first nominal fire strictly after `after_ms` (one-offs: their instant)."""
+    if schedule.type is ScheduleType.CRON:
+        return cron_for(schedule).next_after(after_ms)
+    assert schedule.at_ms is not None
+    return schedule.at_ms if schedule.at_ms > after_ms else None
+
+
+def next_fire_times(schedule: Schedule, after_ms: int, n: int = 5) -> list[int]:
+    """A preview of the next `n` nominal fire times."""
+    if schedule.type is ScheduleType.CRON:
+        return cron_for(schedule).fire_times(after_ms, n)
+    assert schedule.at_ms is not None
+    return [schedule.at_ms][:n]
+
+
+def jitter_ms(job_id: str, nominal_ms: int, jitter_s: int) -> int:
+    """A deterministic offset in [0, jitter_s] seconds, the same for the same job and fire."""
+    if jitter_s <= 0:
+        return 0
+    digest = hashlib.blake2b(f"{job_id}:{nominal_ms}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % (jitter_s * 1000 + 1)
+
+
+@dataclass(frozen=True, slots=True)
+class FirePlan:
+    """What beat materialises for a job in one pass."""
+
+    fires: list[int]  # nominal times to create runs for, in order
+    missed: int  # fires dropped or collapsed because they were late beyond the threshold
+    next_fire_ms: int | None  # where the job's schedule resumes (None: exhausted)
+    collapsed_into: int | None = None  # fire_once_now: the nominal time that stands for the misses
+
+
+def plan_fires(
+    job: Job,
+    now_ms: int,
+    horizon_ms: int,
+    *,
+    limit: int = 1000,
+    misfire_threshold_ms: int = MISFIRE_THRESHOLD_MS,
+) -> FirePlan:
+    """The recurring job's fires from `job.next_fire_ms` up to `now_ms + horizon_ms`, after the
+    misfire policy: fires late by more than the threshold are misses; misses older than the
+    catch-up window are dropped; the rest are dropped (`skip`), collapsed into one run now
+    (`fire_once_now`) or all kept (`fire_all`)."""
+    assert job.next_fire_ms is not None
+    schedule = cron_for(job.schedule)
+    first = job.next_fire_ms
+    late_before = now_ms - misfire_threshold_ms
+    fires: list[int] = []
+    missed = 0
+    collapsed: int | None = None
+    if first < late_before:
+        # Jump over the misses instead of walking them: a per-second job down for a day has 86,400.
+        window_start = now_ms - job.catchup_window_s * 1000
+        oldest_kept = first if first >= window_start else schedule.next_after(window_start - 1)
+        first = schedule.next_after(late_before - 1)
+        missed = 1
+        if oldest_kept is not None and (first is None or oldest_kept < first):
+            if job.misfire_policy is MisfirePolicy.FIRE_ALL:
+                cursor: int | None = oldest_kept
+                while cursor is not None and cursor < late_before and len(fires) < limit:
+                    fires.append(cursor)
+                    cursor = schedule.next_after(cursor)
+                missed = len(fires)
+                if cursor is not None and cursor < late_before:  # more misses than one pass takes
+                    return FirePlan(fires, missed, cursor)
+            elif job.misfire_policy is MisfirePolicy.FIRE_ONCE_NOW:
+                collapsed = oldest_kept
+                fires.append(oldest_kept)
+    end = now_ms + horizon_ms
+    cursor = first
+    while cursor is not None and cursor <= end and len(fires) < limit:
+        fires.append(cursor)
+        cursor = schedule.next_after(cursor)
+    return FirePlan(fires, missed, cursor, collapsed)
+
+
+def to_iso(ms: int) -> str:
+    """`2026-10-01T06:00:00.000Z`."""
+    moment = datetime.fromtimestamp(ms / 1000, UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
