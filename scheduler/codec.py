@@ -1,6 +1,8 @@
 """The wire envelope: the only place that knows what a transport message holds.
 
-    {"v": 1, "run_id", "job_id", "fence", "task", "priority", "attempt", "payload"?, "trace"?}
+    {"v": 1, "run_id", "job_id", "fence", "task", "priority", "attempt", "last"?, "payload"?, "trace"?}
+
+`last` marks the run of a one-off or immediate job: its final outcome also completes the job.
 
 The payload travels inline when it is small; otherwise the worker reads it from the store.
 """
@@ -33,6 +35,7 @@ class Envelope:
     attempt: int
     payload: Any = _MISSING  # _MISSING: not inlined, read it from the store
     trace: str | None = None
+    last: bool = False
 
     @property
     def payload_inline(self) -> bool:
@@ -51,6 +54,8 @@ def encode(envelope: Envelope) -> bytes:
     }
     if envelope.trace:
         doc["trace"] = envelope.trace
+    if envelope.last:
+        doc["last"] = True
     if envelope.payload is not _MISSING:
         payload = json.dumps(envelope.payload, separators=(",", ":"))
         if len(payload) <= INLINE_PAYLOAD_MAX_BYTES:
@@ -72,6 +77,7 @@ def decode(body: bytes) -> Envelope:
             attempt=int(doc["attempt"]),
             payload=doc.get("payload", _MISSING),
             trace=doc.get("trace"),
+            last=bool(doc.get("last", False)),
         )
     except UndecodableMessage:
         raise

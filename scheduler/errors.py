@@ -50,9 +50,7 @@ class ConfigError(JobqError):
 
 class MissingExtra(ConfigError):
     def __init__(self, feature: str, extra: str, module: str) -> None:
-        JobqError.__init__(
-            self, f"{feature} needs the '{module}' package: pip install 'jobq[{extra}]'"
-        )
+        JobqError.__init__(self, f"{feature} needs the '{module}' package: pip install 'jobq[{extra}]'")
         self.key = feature
         self.value = extra
         self.extra = extra
@@ -165,7 +163,7 @@ class TaskError(JobqError):
     pass
 
 
-class Retry(TaskError):  # noqa: N818 - reads as a verb in task code: `raise Retry(delay_s=30)`
+class Retry(TaskError):
     """Raised by a task to retry this run after `delay_s` (or the policy's backoff when None).
 
     It still counts as an attempt; after the last one the run is dead-lettered.
@@ -178,5 +176,5 @@ class Retry(TaskError):  # noqa: N818 - reads as a verb in task code: `raise Ret
         self.delay_s = delay_s
 
 
-class Fail(TaskError):  # noqa: N818 - reads as a verb in task code: `raise Fail("bad input")`
+class Fail(TaskError):
     """Raised by a task to fail this run now, with no further attempts."""

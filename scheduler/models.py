@@ -64,6 +64,7 @@ class RunState(enum.StrEnum):
         return self in TERMINAL_STATES
 
 
+PARKED_MS = 2**62  # the due time of a paused job's runs: never due until the job is resumed
 TERMINAL_STATES = frozenset({RunState.SUCCEEDED, RunState.FAILED, RunState.CANCELLED})
 LEASED_STATES = frozenset({RunState.CLAIMED, RunState.DISPATCHED, RunState.RUNNING})
 
@@ -178,6 +179,9 @@ class Schedule(_Record):
     dst_overlap: DstOverlap = DstOverlap.ONCE
 
 
+WEBHOOK_TASK = "jobq.webhook"  # the built-in task that calls a job's HTTP_WEBHOOK target
+
+
 class Job(_Record):
     job_id: str
     tenant_id: str = "default"
@@ -201,7 +205,7 @@ class Job(_Record):
 
     @property
     def task_name(self) -> str:
-        return self.target.task if isinstance(self.target, TaskTarget) else f"webhook:{self.target.method}"
+        return self.target.task if isinstance(self.target, TaskTarget) else WEBHOOK_TASK
 
     @property
     def recurring(self) -> bool:
@@ -225,10 +229,12 @@ class Run(_Record):
     last_error: str | None = None
     deadline_ms: int | None = None  # not dispatched after this: a misfire beyond the window
     prev_run_id: str | None = None  # the job's previous run, for overlap policies
+    blocked_by: str | None = None  # the run whose overlap made this one skip or wait
     dead_letter: bool = False
     result: Any = None
     created_ms: int
     updated_ms: int
+    dispatched_ms: int | None = None
     started_ms: int | None = None
     finished_ms: int | None = None
 
@@ -247,8 +253,10 @@ MUTABLE_RUN_FIELDS = frozenset(
         "last_heartbeat_ms",
         "last_error",
         "deadline_ms",
+        "blocked_by",
         "dead_letter",
         "result",
+        "dispatched_ms",
         "started_ms",
         "finished_ms",
     }
@@ -257,10 +265,12 @@ MUTABLE_RUN_FIELDS = frozenset(
 
 @dataclass(frozen=True, slots=True)
 class Transition:
-    """A compare-and-set on one run: applied only while `state in expect` and `fence == expect_fence`.
+    """A compare-and-set on one run: applied only while `state in expect` and `fence == expect_fence`
+    (and the lease owner and version, when given).
 
-    `bump_fence` adds one to the fence in the same write. `expect_fence=None` matches any fence
-    (used only by operator actions that read the run first and bump the fence themselves).
+    `bump_fence` adds one to the fence in the same write. `expect_fence=None` matches any fence.
+    `job_status` moves the run's job between ACTIVE and COMPLETED with the run (a one-off's last
+    outcome); a PAUSED or CANCELLED job is left as it is.
     """
 
     run_id: str
@@ -270,6 +280,9 @@ class Transition:
     changes: Mapping[str, Any] = field(default_factory=dict)
     bump_fence: bool = False
     expect_owner: str | None = None
+    expect_version: int | None = None  # the reaper's guard: a heartbeat moved the lease, not the fence
+    at_ms: int | None = None  # when it happens: stamped as the run's updated_ms
+    job_status: JobStatus | None = None  # also set the job's status (ACTIVE/COMPLETED) in the same write
 
     def __post_init__(self) -> None:
         check_transition(self.expect, self.to_state)

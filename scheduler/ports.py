@@ -101,6 +101,10 @@ class JobStore(Protocol):
         """Runs matching the filters, newest nominal time first, paginated by an opaque cursor."""
         ...
 
+    def run_counts(self, job_id: str) -> dict[RunState, int]:
+        """How many of the job's runs are in each state (states with none are omitted)."""
+        ...
+
     def claim(self, run_ids: Sequence[str], now_ms: int, owner: str, lease_ms: int) -> list[Run]:
         """Atomically, per run: if SCHEDULED and `due_ms <= now_ms`, move it to CLAIMED with fence+1
         and a lease for `owner`. Returns the runs this call claimed; the others were taken,

@@ -1,0 +1,236 @@
+"""The Python API: an `App` holds registered tasks and a (lazily connected) deployment.
+
+app = App(store="sqlite:///jobq.db")
+
+@app.task(priority="HIGH", retry=RetryPolicy(max_retries=5), timeout_s=60)
+def send_invoice(invoice_id: int) -> None: ...
+
+send_invoice.delay(42)                                  # now
+send_invoice.schedule(delay_s=45, args=(42,))           # in 45 s
+send_invoice.schedule(cron="0 2 1 * *", tz="America/New_York", args=(42,), job_id="monthly-42")
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
+from typing import Any, Generic, ParamSpec, TypeVar, overload
+
+from jobq.client import Client, Submitted
+from jobq.clock import SYSTEM_CLOCK, Clock
+from jobq.errors import InvalidJob
+from jobq.models import (
+    DstGap,
+    DstOverlap,
+    MisfirePolicy,
+    OverlapPolicy,
+    Priority,
+    RetryPolicy,
+    Run,
+    ScheduleType,
+    TaskTarget,
+)
+from jobq.settings import Settings
+from jobq.submission import JobSpec
+from jobq.tasks import TaskDef, TaskRegistry
+from jobq.wiring import Deployment, connect
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class JobHandle:
+    """A submitted job: its id, and shortcuts to follow it."""
+
+    def __init__(self, app: App, submitted: Submitted) -> None:
+        self.app = app
+        self.job = submitted.job
+        self.job_id = submitted.job.job_id
+        self.created = submitted.created
+        self.next_fire_times = submitted.next_fire_times
+
+    def wait(self, timeout_s: float = 30.0) -> Run:
+        """Block until the job's current run finishes; returns the run (check `.state`, `.result`)."""
+        return self.app.client.wait(self.job_id, timeout_s=timeout_s)
+
+    def cancel(self) -> None:
+        self.app.client.cancel(self.job_id)
+
+    def __repr__(self) -> str:
+        return f"JobHandle({self.job_id!r})"
+
+
+class Task(Generic[P, R]):
+    """A registered task. Calling it runs it here; `delay` and `schedule` run it on a worker."""
+
+    def __init__(self, app: App, definition: TaskDef) -> None:
+        self.app = app
+        self.definition = definition
+        self.name = definition.name
+        functools.update_wrapper(self, definition.fn)
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        result: R = self.definition.fn(*args, **kwargs)
+        return result
+
+    def delay(self, *args: P.args, **kwargs: P.kwargs) -> JobHandle:
+        """Run as soon as a worker is free."""
+        return self.schedule(args=args, kwargs=kwargs)
+
+    def schedule(
+        self,
+        *,
+        at: datetime | int | str | None = None,
+        delay_s: float | None = None,
+        cron: str | None = None,
+        tz: str = "UTC",
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        priority: Priority | str | None = None,
+        retry: RetryPolicy | None = None,
+        job_id: str | None = None,
+        name: str | None = None,
+        tenant_id: str = "default",
+        misfire: MisfirePolicy | str = MisfirePolicy.FIRE_ONCE_NOW,
+        catchup_window_s: int = 86_400,
+        overlap: OverlapPolicy | str = OverlapPolicy.SKIP,
+        jitter_s: int = 0,
+        dst_gap: DstGap | str = DstGap.SKIP,
+        dst_overlap: DstOverlap | str = DstOverlap.ONCE,
+        idempotency_key: str | None = None,
+    ) -> JobHandle:
+        """Submit a job: `at` an instant, after `delay_s`, on a `cron` in `tz`, or now when none is given.
+
+        Raises `InvalidJob` (bad cron, unknown timezone, missed time, payload not JSON) having
+        written nothing."""
+        given = [x for x in (at, delay_s, cron) if x is not None]
+        if len(given) > 1:
+            raise InvalidJob("give at most one of at=, delay_s= and cron=")
+        if cron is not None:
+            kind = ScheduleType.CRON
+        elif at is not None or delay_s is not None:
+            kind = ScheduleType.ONE_OFF
+        else:
+            kind = ScheduleType.IMMEDIATE
+        run_at: int | str | None = at.isoformat() if isinstance(at, datetime) else at
+        spec = JobSpec.model_validate(
+            {
+                "tenant_id": tenant_id,
+                "job_id": job_id,
+                "job_name": name or self.name,
+                "schedule_type": kind,
+                "cron_expression": cron,
+                "timezone": tz,
+                "run_at": run_at,
+                "delay_seconds": delay_s,
+                "priority": Priority.parse(priority or self.definition.priority),
+                "target": TaskTarget(task=self.name),
+                "payload": {"args": list(args), "kwargs": dict(kwargs or {})},
+                "retry_policy": retry or self.definition.retry or RetryPolicy(),
+                "misfire_policy": misfire,
+                "catchup_window_seconds": catchup_window_s,
+                "overlap_policy": overlap,
+                "jitter_seconds": jitter_s,
+                "dst_gap": dst_gap,
+                "dst_overlap": dst_overlap,
+                "timeout_seconds": self.definition.timeout_s,
+            }
+        )
+        submitted = self.app.client.submit(spec, idempotency_key=idempotency_key)
+        return JobHandle(self.app, submitted)
+
+    def __repr__(self) -> str:
+        return f"<jobq task {self.name}>"
+
+
+class App:
+    def __init__(
+        self,
+        name: str = "jobq",
+        *,
+        store: str | None = None,
+        settings: Settings | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+        **overrides: Any,
+    ) -> None:
+        self.name = name
+        self.registry = TaskRegistry()
+        self.clock = clock
+        self._settings = settings
+        self._overrides = {"store": store, **overrides}
+        self._deployment: Deployment | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def settings(self) -> Settings:
+        if self._settings is None:
+            self._settings = Settings.load(self._overrides)
+        return self._settings
+
+    @property
+    def deployment(self) -> Deployment:
+        with self._lock:
+            if self._deployment is None:
+                self._deployment = connect(self.settings, self.clock)
+            return self._deployment
+
+    def use(self, deployment: Deployment) -> None:
+        """Share an existing deployment (the CLI connects once and hands it to the app)."""
+        with self._lock:
+            self._deployment = deployment
+            self._settings = deployment.settings
+
+    @property
+    def client(self) -> Client:
+        return Client(self.deployment)
+
+    @overload
+    def task(self, fn: Callable[P, R], /) -> Task[P, R]: ...
+
+    @overload
+    def task(
+        self,
+        *,
+        name: str | None = None,
+        priority: Priority | str = Priority.DEFAULT,
+        retry: RetryPolicy | None = None,
+        timeout_s: float | None = None,
+        bind: bool = False,
+    ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
+
+    def task(
+        self,
+        fn: Callable[P, R] | None = None,
+        /,
+        *,
+        name: str | None = None,
+        priority: Priority | str = Priority.DEFAULT,
+        retry: RetryPolicy | None = None,
+        timeout_s: float | None = None,
+        bind: bool = False,
+    ) -> Task[P, R] | Callable[[Callable[P, R]], Task[P, R]]:
+        """Register a function as a task, named `module.function` unless `name` is given."""
+
+        def register(func: Callable[P, R]) -> Task[P, R]:
+            task_name = name or f"{func.__module__}.{func.__qualname__}"
+            definition = TaskDef(task_name, func, Priority.parse(priority), retry, timeout_s, bind)
+            self.registry.add(definition)
+            return Task(self, definition)
+
+        return register(fn) if fn is not None else register
+
+    def close(self) -> None:
+        with self._lock:
+            if self._deployment is not None:
+                self._deployment.close()
+                self._deployment = None
+
+
+default_app = App()
+
+
+def task(fn: Callable[P, R] | None = None, /, **options: Any) -> Any:
+    """`@jobq.task` registers on the default app (configured from `JOBQ_*` variables)."""
+    return default_app.task(fn, **options) if fn is not None else default_app.task(**options)

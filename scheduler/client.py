@@ -1,0 +1,343 @@
+"""The control plane: submit, inspect, pause, resume, cancel, trigger jobs; read and redrive dead letters.
+
+Every change goes through the store's compare-and-set, so a client racing a daemon (or another
+client) loses cleanly instead of corrupting a run.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from jobq.clock import Clock
+from jobq.errors import Conflict, InvalidJob, JobNotFound, RunNotFound
+from jobq.models import (
+    PARKED_MS,
+    TERMINAL_STATES,
+    IdempotencyRecord,
+    Job,
+    JobStatus,
+    Run,
+    RunEvent,
+    RunState,
+    Transition,
+)
+from jobq.ports import IndexEntry, JobQuery, Page, RunQuery
+from jobq.submission import JobSpec, Limits, build_job, materialise, new_run, preview, resume_fire
+from jobq.wiring import Deployment
+
+_OPEN = frozenset(RunState) - TERMINAL_STATES
+
+
+@dataclass(frozen=True, slots=True)
+class Submitted:
+    job: Job
+    created: bool  # False when an Idempotency-Key replayed an earlier submission
+    response: str | None = None  # the replayed response, verbatim
+    next_fire_times: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class JobView:
+    job: Job
+    current_run: Run | None
+    counts: dict[str, int]
+    next_fire_times: tuple[int, ...]
+
+
+class Client:
+    def __init__(self, deployment: Deployment, *, tenant_id: str | None = None) -> None:
+        self.d = deployment
+        self.store = deployment.store
+        self.clock: Clock = deployment.clock
+        self.limits = Limits.from_settings(deployment.settings)
+        self.tenant_id = tenant_id  # when set, every call is confined to this tenant
+
+    # -- submitting -----------------------------------------------------------------------------
+
+    def submit(
+        self,
+        spec: JobSpec,
+        *,
+        idempotency_key: str | None = None,
+        response: str | None = None,
+        known_tasks: set[str] | None = None,
+    ) -> Submitted:
+        """Validate and store the job with its first runs (and idempotency key) atomically.
+
+        Raises `InvalidJob` (nothing written), `IdempotencyConflict`, `DuplicateJob`."""
+        if self.tenant_id is not None and spec.tenant_id != self.tenant_id:
+            raise InvalidJob(f"tenant_id {spec.tenant_id!r} is not this token's tenant", field="tenant_id")
+        now = self.clock.now_ms()
+        job, runs, _missed = build_job(spec, now, self.limits, known_tasks)
+        record = None
+        if idempotency_key is not None:
+            record = IdempotencyRecord(
+                tenant_id=spec.tenant_id,
+                key=idempotency_key,
+                fingerprint=spec.fingerprint(),
+                job_id=job.job_id,
+                response=response,
+                created_ms=now,
+                expires_ms=now + self.d.settings.idempotency_ttl_s * 1000,
+            )
+        result = self.store.create_job(job, runs, record)
+        if result.created:
+            self._index(runs)
+        return Submitted(result.job, result.created, result.response, tuple(preview(result.job, now)))
+
+    def prepare(self, spec: JobSpec, known_tasks: set[str] | None = None) -> tuple[Job, list[int]]:
+        """Validate without writing: the job that `submit` would store and its next fire times."""
+        now = self.clock.now_ms()
+        job, _runs, _ = build_job(spec, now, self.limits, known_tasks)
+        return job, preview(job, now)
+
+    # -- reading --------------------------------------------------------------------------------
+
+    def job(self, job_id: str) -> Job:
+        job = self.store.get_jobs([job_id]).get(job_id)
+        if job is None or (self.tenant_id is not None and job.tenant_id != self.tenant_id):
+            raise JobNotFound(job_id)
+        return job
+
+    def get(self, job_id: str) -> JobView:
+        job = self.job(job_id)
+        counts = {state.value: n for state, n in self.store.run_counts(job_id).items()}
+        newest = self.store.list_runs(RunQuery(job_id=job_id, limit=1)).items
+        current = _current([*self._open_runs(job_id), *newest])
+        now = self.clock.now_ms()
+        upcoming = preview(job, now) if job.status is JobStatus.ACTIVE and job.recurring else []
+        if not job.recurring and current is not None and not current.state.terminal:
+            upcoming = [current.due_ms]
+        return JobView(job, current, counts, tuple(upcoming))
+
+    def list(self, query: JobQuery) -> Page[Job]:
+        if self.tenant_id is not None:
+            query = JobQuery(**{**query.__dict__, "tenant_id": self.tenant_id})  # type: ignore[arg-type]
+        return self.store.list_jobs(query)
+
+    def runs(self, job_id: str, *, cursor: str | None = None, limit: int = 100) -> Page[Run]:
+        self.job(job_id)
+        return self.store.list_runs(RunQuery(job_id=job_id, cursor=cursor, limit=limit))
+
+    def run(self, run_id: str) -> Run:
+        run = self.store.get_runs([run_id]).get(run_id)
+        if run is None or (self.tenant_id is not None and run.tenant_id != self.tenant_id):
+            raise RunNotFound(run_id)
+        return run
+
+    def history(self, job_id: str, limit: int = 1000) -> list[RunEvent]:
+        self.job(job_id)
+        return self.d.history.read(job_id, limit)
+
+    def wait(self, job_id: str, *, timeout_s: float = 30.0, poll_s: float = 0.05) -> Run:
+        """Block until the job's current run is terminal; returns it. Raises TimeoutError."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            view = self.get(job_id)
+            run = view.current_run
+            if run is not None and run.state.terminal:
+                return run
+            if time.monotonic() > deadline:
+                state = run.state if run else "no run yet"
+                raise TimeoutError(f"job {job_id} did not finish within {timeout_s} s (current run: {state})")
+            time.sleep(poll_s)
+
+    # -- changing -------------------------------------------------------------------------------
+
+    def cancel(self, job_id: str) -> Job:
+        """Cancel the job and every run not yet finished (a running one sees `lease_lost`)."""
+        job = self._set_status(job_id, {JobStatus.ACTIVE, JobStatus.PAUSED}, JobStatus.CANCELLED, next_fire=None)
+        self._cancel_runs(self._open_runs(job_id), "cancelled by request")
+        return job
+
+    def pause(self, job_id: str) -> Job:
+        """Stop creating runs; runs not yet claimed wait, parked, until `resume`."""
+        job = self._set_status(job_id, {JobStatus.ACTIVE}, JobStatus.PAUSED)
+        now = self.clock.now_ms()
+        waiting = self._open_runs(job_id, frozenset({RunState.SCHEDULED}))
+        self.store.transition(
+            [
+                Transition(
+                    r.run_id,
+                    frozenset({RunState.SCHEDULED}),
+                    RunState.SCHEDULED,
+                    r.fence,
+                    {"due_ms": PARKED_MS},
+                    at_ms=now,
+                )
+                for r in waiting
+            ]
+        )
+        self.d.index.discard([r.run_id for r in waiting])
+        return job
+
+    def resume(self, job_id: str) -> Job:
+        """Create runs again. Recurring fires that fell in the pause are skipped; a one-off fires now."""
+        now = self.clock.now_ms()
+        current = self.job(job_id)
+        job = self._set_status(job_id, {JobStatus.PAUSED}, JobStatus.ACTIVE, next_fire=resume_fire(current, now))
+        parked = [r for r in self._open_runs(job_id, frozenset({RunState.SCHEDULED})) if r.due_ms >= PARKED_MS]
+        stale = [r for r in parked if job.recurring and r.nominal_ms < now]
+        self._cancel_runs(stale, "skipped: due while the job was paused")
+        revived = self.store.transition(
+            [
+                Transition(
+                    r.run_id,
+                    frozenset({RunState.SCHEDULED}),
+                    RunState.SCHEDULED,
+                    r.fence,
+                    {"due_ms": max(r.nominal_ms, now)},
+                    at_ms=now,
+                )
+                for r in parked
+                if r not in stale
+            ]
+        )
+        self._index([r for r in revived if r is not None])
+        return self._materialise(job)
+
+    def trigger(self, job_id: str) -> Run:
+        """Run the job once now, outside its schedule (its policies and payload apply)."""
+        job = self.job(job_id)
+        if job.status is JobStatus.CANCELLED:
+            raise Conflict(f"job {job_id!r} is cancelled")
+        now = self.clock.now_ms()
+        run = new_run(job, now, now, self.limits)
+        added = self.store.add_runs([run])
+        if not added:
+            raise Conflict(f"job {job_id!r} was already triggered at {now}")
+        self._index(added)
+        return added[0]
+
+    # -- dead letters ---------------------------------------------------------------------------
+
+    def dead_letters(self, *, cursor: str | None = None, limit: int = 100) -> Page[Run]:
+        return self.store.list_runs(RunQuery(tenant_id=self.tenant_id, dead_letter=True, cursor=cursor, limit=limit))
+
+    def redrive(self, run_id: str) -> Run:
+        """Schedule a dead-lettered run again now, as attempt N+1."""
+        run = self.run(run_id)
+        if not run.dead_letter:
+            raise Conflict(f"run {run_id!r} is not on the dead-letter list")
+        now = self.clock.now_ms()
+        t = Transition(
+            run_id,
+            frozenset({RunState.FAILED}),
+            RunState.SCHEDULED,
+            run.fence,
+            {
+                "dead_letter": False,
+                "attempt": run.attempt + 1,
+                "due_ms": now,
+                "deadline_ms": None,
+                "finished_ms": None,
+                "lease_owner": None,
+                "lease_expires_ms": None,
+            },
+            at_ms=now,
+            job_status=JobStatus.ACTIVE,
+        )
+        [moved] = self.store.transition([t])
+        if moved is None:
+            raise Conflict(f"run {run_id!r} changed while being redriven; try again")
+        self._index([moved])
+        return moved
+
+    def purge(self, run_ids: Sequence[str] | None = None) -> int:
+        """Take runs off the dead-letter list (all of this tenant's when `run_ids` is None)."""
+        if run_ids is None:
+            targets: list[Run] = []
+            cursor = None
+            while True:
+                page = self.dead_letters(cursor=cursor, limit=500)
+                targets.extend(page.items)
+                if page.next_cursor is None:
+                    break
+                cursor = page.next_cursor
+        else:
+            targets = [self.run(i) for i in run_ids]
+        now = self.clock.now_ms()
+        moved = self.store.transition(
+            [
+                Transition(
+                    r.run_id, frozenset({RunState.FAILED}), RunState.FAILED, r.fence, {"dead_letter": False}, at_ms=now
+                )
+                for r in targets
+                if r.dead_letter
+            ]
+        )
+        return sum(1 for m in moved if m is not None)
+
+    # -- helpers --------------------------------------------------------------------------------
+
+    def _open_runs(self, job_id: str, states: frozenset[RunState] = _OPEN) -> list[Run]:
+        """The job's unfinished runs: few, since runs are only created within the horizon."""
+        runs: list[Run] = []
+        cursor = None
+        while True:
+            page = self.store.list_runs(RunQuery(job_id=job_id, states=states, cursor=cursor, limit=500))
+            runs.extend(page.items)
+            if page.next_cursor is None:
+                return runs
+            cursor = page.next_cursor
+
+    def _set_status(
+        self, job_id: str, allowed: set[JobStatus], status: JobStatus, *, next_fire: int | object | None = ...
+    ) -> Job:
+        for _ in range(5):
+            job = self.job(job_id)
+            if job.status not in allowed:
+                raise Conflict(f"job {job_id!r} is {job.status}; cannot make it {status}")
+            update: dict[str, object] = {"status": status, "updated_ms": self.clock.now_ms()}
+            if next_fire is not ...:
+                update["next_fire_ms"] = next_fire
+            try:
+                return self.store.update_job(job.model_copy(update=update))
+            except Conflict:
+                continue  # beat advanced it meanwhile; read again
+        raise Conflict(f"job {job_id!r} keeps changing; try again")
+
+    def _cancel_runs(self, runs: Sequence[Run], reason: str) -> None:
+        now = self.clock.now_ms()
+        self.store.transition(
+            [
+                Transition(
+                    r.run_id,
+                    frozenset({r.state}),
+                    RunState.CANCELLED,
+                    r.fence,
+                    {"last_error": reason, "finished_ms": now, "lease_expires_ms": None},
+                    bump_fence=True,
+                    at_ms=now,
+                )
+                for r in runs
+            ]
+        )
+        self.d.index.discard([r.run_id for r in runs])
+
+    def _materialise(self, job: Job) -> Job:
+        now = self.clock.now_ms()
+        advanced, runs, _ = materialise(job, now, self.limits)
+        if not runs:
+            return job
+        self.store.add_runs(runs)
+        self._index(runs)
+        try:
+            return self.store.update_job(advanced)
+        except Conflict:
+            return self.job(job.job_id)  # beat got there first; its runs are the same runs
+
+    def _index(self, runs: Sequence[Run]) -> None:
+        entries = [IndexEntry(r.run_id, r.due_ms, r.priority) for r in runs if r.state is RunState.SCHEDULED]
+        if entries:
+            self.d.index.add(entries)
+
+
+def _current(runs: Sequence[Run]) -> Run | None:
+    """The run a user means by "the job's run": the oldest unfinished one, else the newest."""
+    open_runs = [r for r in runs if not r.state.terminal and r.due_ms < PARKED_MS]
+    if open_runs:
+        return min(open_runs, key=lambda r: r.nominal_ms)
+    return max(runs, key=lambda r: r.nominal_ms) if runs else None

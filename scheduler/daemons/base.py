@@ -1,0 +1,90 @@
+"""The shape every daemon shares: a pass that reports its work, and a paced loop around it."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from jobq.metrics import METRICS
+from jobq.models import Run, RunEvent
+from jobq.wiring import Deployment
+
+
+class Daemon:
+    """Subclasses implement `run_once`. The loop is drift-corrected (a slow pass does not push
+    every later tick back), runs again at once while a pass fills its batch, backs off
+    exponentially after errors, and never dies of one: a failing pass is logged and counted."""
+
+    name = "daemon"
+    interval_s = 1.0
+
+    def __init__(self, deployment: Deployment) -> None:
+        self.d = deployment
+        self.store = deployment.store
+        self.clock = deployment.clock
+        self.settings = deployment.settings
+        self.log = logging.getLogger(f"jobq.{self.name}")
+        self.total = 0
+        self.passes = 0
+
+    def run_once(self, now_ms: int) -> int:
+        """Do one pass of work as of `now_ms`; return how many items it handled."""
+        raise NotImplementedError
+
+    def busy(self, done: int) -> bool:
+        """Whether the last pass suggests more work is waiting right now (a full batch)."""
+        return False
+
+    def wait_s(self, default_s: float) -> float:
+        """How long to sleep before the next pass when idle; the scanner sleeps until the next due run."""
+        return default_s
+
+    def on_stop(self) -> None:
+        pass
+
+    def run_forever(self, stop: threading.Event) -> None:
+        self.log.info("%s started", self.name)
+        next_tick = time.monotonic()
+        failures = 0
+        while not stop.is_set():
+            try:
+                done = self.run_once(self.clock.now_ms())
+                failures = 0
+            except Exception:
+                failures += 1
+                METRICS.loop_errors.inc(daemon=self.name)
+                self.log.exception("%s pass failed (%d in a row)", self.name, failures)
+                stop.wait(min(30.0, 0.25 * 2**failures))
+                next_tick = time.monotonic()
+                continue
+            self.total += done
+            self.passes += 1
+            if self.busy(done):
+                next_tick = time.monotonic()
+                continue
+            next_tick += self.interval_s
+            now = time.monotonic()
+            next_tick = max(next_tick, now)  # fell behind: resume the cadence from here rather than bursting
+            sleep_s = max(0.0, min(next_tick - now, self.wait_s(self.interval_s)))
+            next_tick = min(next_tick, now + sleep_s)  # an early wake-up starts the next cadence
+            stop.wait(sleep_s)
+        self.on_stop()
+        self.log.info("%s stopped after %d passes, %d items", self.name, self.passes, self.total)
+
+
+def event(run: Run, kind: str, now_ms: int, **more: object) -> RunEvent:
+    """A history line for `run` as it is now."""
+    return RunEvent.model_validate(
+        {
+            "run_id": run.run_id,
+            "job_id": run.job_id,
+            "tenant_id": run.tenant_id,
+            "attempt": run.attempt,
+            "fence": run.fence,
+            "kind": kind,
+            "at_ms": now_ms,
+            "error": run.last_error,
+            **more,
+        }
+    )

@@ -1,0 +1,78 @@
+"""Beat: turns job schedules into runs within the horizon, and repairs the time index.
+
+Idempotent and safe to run in several copies: run ids derive from fire times, so two beats
+materialising the same job create the same runs, and the job's advance is a compare-and-set.
+"""
+
+from __future__ import annotations
+
+from jobq.daemons.base import Daemon, event
+from jobq.errors import Conflict, JobqError
+from jobq.logs import run_fields
+from jobq.metrics import METRICS
+from jobq.models import Job, Run, RunState
+from jobq.ports import IndexEntry
+from jobq.submission import Limits, materialise
+from jobq.wiring import Deployment
+
+REPAIR_GRACE_MS = 2_000  # a run this overdue and still SCHEDULED may have lost its index entry
+
+
+class Beat(Daemon):
+    name = "beat"
+
+    def __init__(self, deployment: Deployment, *, batch: int = 500) -> None:
+        super().__init__(deployment)
+        self.interval_s = self.settings.beat_interval_s
+        self.batch = batch
+        self.limits = Limits.from_settings(self.settings)
+        self._last_repair_ms = 0
+        self._full = False
+
+    def run_once(self, now_ms: int) -> int:
+        return self.materialise(now_ms) + self.repair(now_ms)
+
+    def busy(self, done: int) -> bool:
+        return self._full
+
+    def materialise(self, now_ms: int) -> int:
+        jobs = self.store.due_jobs(now_ms + self.limits.horizon_ms, self.batch)
+        self._full = len(jobs) == self.batch
+        runs: list[Run] = []
+        advanced: list[Job] = []
+        for job in jobs:
+            try:
+                moved, new_runs, missed = materialise(job, now_ms, self.limits)
+            except JobqError:
+                self.log.exception("cannot materialise job", extra={"job_id": job.job_id})
+                continue
+            if missed:
+                METRICS.misfires.inc(missed, policy=job.misfire_policy.value)
+                self.log.warning("job missed %d fire(s)", missed, extra={"job_id": job.job_id})
+            runs.extend(new_runs)
+            advanced.append(moved)
+        added = self.store.add_runs(runs)
+        self.d.index.add([IndexEntry(r.run_id, r.due_ms, r.priority) for r in runs if r.state is RunState.SCHEDULED])
+        for job in advanced:
+            try:
+                self.store.update_job(job)
+            except Conflict:
+                pass  # another beat (or a pause/cancel) moved the job first; its runs are the same runs
+        missed_runs = [r for r in added if r.state is RunState.FAILED]
+        if missed_runs:
+            self.d.history.record([event(r, "MISSED", now_ms) for r in missed_runs])
+            for r in missed_runs:
+                self.log.warning("one-off missed its catch-up window", extra=run_fields(r))
+        return len(added)
+
+    def repair(self, now_ms: int) -> int:
+        """Re-index SCHEDULED runs that are overdue: the index lost them (flushed, or a scanner died
+        between taking them from the index and claiming them in the store)."""
+        if self.d.index.derived_from_store or now_ms - self._last_repair_ms < self.settings.repair_interval_s * 1000:
+            return 0
+        self._last_repair_ms = now_ms
+        overdue = self.store.overdue_runs(now_ms - REPAIR_GRACE_MS, 5000)
+        if overdue:
+            self.d.index.add([IndexEntry(r.run_id, r.due_ms, r.priority) for r in overdue])
+            self.log.info("re-indexed %d overdue runs", len(overdue))
+        return len(overdue)

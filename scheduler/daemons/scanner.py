@@ -1,0 +1,305 @@
+"""Scanner: claims due runs CRITICAL first, decides what each one does, publishes, marks DISPATCHED.
+
+One pass: take up to `scan_batch` due ids from the index, claim them in the store (fence+1, one
+statement), read their jobs (one batch read), then per run: dispatch it, or hold it (overlap
+buffering, paused job), or end it (cancelled job, misfire past its deadline, overlap skip).
+Publishing happens before the DISPATCHED write; a worker that is faster than that write may
+start a CLAIMED run, and the scanner's CAS then simply loses.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from jobq.codec import Envelope, encode
+from jobq.daemons.base import Daemon, event
+from jobq.errors import TransportError
+from jobq.ids import new_worker_id
+from jobq.metrics import METRICS
+from jobq.models import (
+    PARKED_MS,
+    Job,
+    JobStatus,
+    MisfirePolicy,
+    OverlapPolicy,
+    Run,
+    RunEvent,
+    RunState,
+    Transition,
+)
+from jobq.ports import IndexEntry
+from jobq.wiring import Deployment
+
+_C = frozenset({RunState.CLAIMED})
+
+
+@dataclass
+class _Plan:
+    dispatch: list[tuple[Run, Job]] = field(default_factory=list)
+    moves: list[Transition] = field(default_factory=list)
+    events: list[RunEvent] = field(default_factory=list)
+    reindex: list[IndexEntry] = field(default_factory=list)
+
+    def end(
+        self,
+        run: Run,
+        state: RunState,
+        kind: str,
+        reason: str,
+        now_ms: int,
+        job_status: JobStatus | None = None,
+        **changes: object,
+    ) -> None:
+        base = {"last_error": reason, "finished_ms": now_ms, "lease_owner": None, "lease_expires_ms": None}
+        self.moves.append(
+            Transition(
+                run.run_id,
+                _C,
+                state,
+                run.fence,
+                {**base, **changes},
+                bump_fence=True,
+                at_ms=now_ms,
+                job_status=job_status,
+            )
+        )
+        self.events.append(event(run.model_copy(update={"last_error": reason}), kind, now_ms))
+
+    def wait(self, run: Run, due_ms: int, now_ms: int, **changes: object) -> None:
+        self.moves.append(
+            Transition(
+                run.run_id,
+                _C,
+                RunState.SCHEDULED,
+                run.fence,
+                {"due_ms": due_ms, "lease_owner": None, "lease_expires_ms": None, **changes},
+                at_ms=now_ms,
+            )
+        )
+        if due_ms < PARKED_MS:
+            self.reindex.append(IndexEntry(run.run_id, due_ms, run.priority))
+
+
+class Scanner(Daemon):
+    name = "scanner"
+
+    def __init__(self, deployment: Deployment, *, scanner_id: str | None = None) -> None:
+        super().__init__(deployment)
+        self.interval_s = self.settings.scan_interval_s
+        self.scanner_id = scanner_id or new_worker_id("scanner")
+        self.batch = self.settings.scan_batch
+        self.threshold_ms = round(self.settings.misfire_threshold_s * 1000)
+        self._full = False
+
+    def busy(self, done: int) -> bool:
+        return self._full
+
+    def wait_s(self, default_s: float) -> float:
+        upcoming = self.d.index.next_due_ms()
+        if upcoming is None:
+            return default_s
+        return max(0.0, min(default_s, (upcoming - self.clock.now_ms()) / 1000))
+
+    def run_once(self, now_ms: int) -> int:
+        ids = self.d.index.claim_due(now_ms, self.batch)
+        self._full = len(ids) == self.batch
+        if not ids:
+            return 0
+        claimed = self.store.claim(ids, now_ms, self.scanner_id, round(self.settings.claim_lease_s * 1000))
+        if not claimed:
+            return 0
+        jobs = self.store.get_jobs(list({r.job_id for r in claimed}))
+        plan = self._plan(claimed, jobs, now_ms)
+        self._publish(plan.dispatch, now_ms)
+        if plan.moves:
+            self.store.transition(plan.moves)
+        if plan.reindex:
+            self.d.index.add(plan.reindex)
+        if plan.events:
+            self.d.history.record(plan.events)
+        return len(claimed)
+
+    # -- deciding -------------------------------------------------------------------------------
+
+    def _plan(self, claimed: Sequence[Run], jobs: dict[str, Job], now_ms: int) -> _Plan:
+        plan = _Plan()
+        ready: list[Run] = []
+        for run in claimed:
+            job = jobs.get(run.job_id)
+            if job is None or job.status is JobStatus.CANCELLED:
+                plan.end(run, RunState.CANCELLED, "CANCELLED", "its job was cancelled", now_ms)
+            elif job.status is JobStatus.PAUSED:
+                plan.wait(run, PARKED_MS, now_ms)
+            elif run.deadline_ms is not None and now_ms > run.deadline_ms:
+                METRICS.misfires.inc(policy=job.misfire_policy.value)
+                late_s = (now_ms - run.due_ms) / 1000
+                if job.recurring and job.misfire_policy is MisfirePolicy.SKIP:
+                    plan.end(
+                        run, RunState.CANCELLED, "SKIPPED", f"MISSED: {late_s:.0f} s late (misfire_policy=skip)", now_ms
+                    )
+                else:
+                    plan.end(
+                        run,
+                        RunState.FAILED,
+                        "MISSED",
+                        f"MISSED: {late_s:.0f} s late, past the catch-up window",
+                        now_ms,
+                        job_status=None if job.recurring else JobStatus.COMPLETED,
+                        dead_letter=True,
+                    )
+            else:
+                ready.append(run)
+        ready = self._collapse_misfires(ready, jobs, plan, now_ms)
+        blocked = self._blockers(ready, jobs)
+        for run in ready:
+            job = jobs[run.job_id]
+            prev = blocked.get(run.run_id)
+            if prev is None:
+                plan.dispatch.append((run, job))
+                continue
+            policy = job.overlap_policy
+            METRICS.overlap.inc(action=policy.value)
+            if policy is OverlapPolicy.CANCEL_OTHER:
+                plan.moves.append(
+                    Transition(
+                        prev.run_id,
+                        frozenset({prev.state}),
+                        RunState.CANCELLED,
+                        prev.fence,
+                        {"last_error": f"cancelled by the overlapping run {run.run_id}", "finished_ms": now_ms},
+                        bump_fence=True,
+                        at_ms=now_ms,
+                    )
+                )
+                plan.dispatch.append((run, job))
+            elif policy is OverlapPolicy.BUFFER_ALL or (
+                policy is OverlapPolicy.BUFFER_ONE and prev.state is not RunState.SCHEDULED
+            ):
+                plan.wait(run, now_ms + round(self.settings.overlap_hold_s * 1000), now_ms, blocked_by=prev.run_id)
+            else:  # SKIP, or BUFFER_ONE with one run already waiting
+                plan.end(
+                    run,
+                    RunState.CANCELLED,
+                    "SKIPPED",
+                    f"SKIPPED: previous run {prev.run_id} is still {prev.state.value}",
+                    now_ms,
+                    blocked_by=prev.run_id,
+                )
+        return plan
+
+    def _collapse_misfires(self, ready: list[Run], jobs: dict[str, Job], plan: _Plan, now_ms: int) -> list[Run]:
+        """fire_once_now: of several late runs of one job in this batch, only the newest runs."""
+        late: dict[str, list[Run]] = defaultdict(list)
+        for run in ready:
+            job = jobs[run.job_id]
+            if (
+                job.recurring
+                and job.misfire_policy is MisfirePolicy.FIRE_ONCE_NOW
+                and now_ms - run.due_ms > self.threshold_ms
+            ):
+                late[run.job_id].append(run)
+        dropped: set[str] = set()
+        for runs in late.values():
+            if len(runs) < 2:
+                continue
+            keep = max(runs, key=lambda r: r.nominal_ms)
+            for run in runs:
+                if run is not keep:
+                    dropped.add(run.run_id)
+                    METRICS.misfires.inc(policy=MisfirePolicy.FIRE_ONCE_NOW.value)
+                    plan.end(run, RunState.CANCELLED, "SKIPPED", f"MISSED: collapsed into {keep.run_id}", now_ms)
+        return [r for r in ready if r.run_id not in dropped]
+
+    def _blockers(self, ready: Sequence[Run], jobs: dict[str, Job]) -> dict[str, Run]:
+        """For each run whose job limits overlap: the earlier run still unfinished, if any.
+
+        A run skipped for overlap points (`blocked_by`) at the run that blocked it, so the chain
+        is followed one hop: the blocker of a skipped predecessor blocks this run too."""
+        watched = [
+            r
+            for r in ready
+            if r.prev_run_id
+            and jobs[r.job_id].recurring
+            and jobs[r.job_id].overlap_policy is not OverlapPolicy.ALLOW_ALL
+        ]
+        if not watched:
+            return {}
+        prevs = self.store.get_runs([r.prev_run_id for r in watched if r.prev_run_id])
+        hops = [p.blocked_by for p in prevs.values() if p.state is RunState.CANCELLED and p.blocked_by]
+        further = self.store.get_runs(hops) if hops else {}
+        blocked: dict[str, Run] = {}
+        for run in watched:
+            prev = prevs.get(run.prev_run_id or "")
+            if prev is not None and prev.state is RunState.CANCELLED and prev.blocked_by:
+                prev = further.get(prev.blocked_by, prev)
+            if prev is not None and not prev.state.terminal:
+                blocked[run.run_id] = prev
+        return blocked
+
+    # -- dispatching ----------------------------------------------------------------------------
+
+    def _publish(self, ready: Sequence[tuple[Run, Job]], now_ms: int) -> None:
+        if not ready:
+            return
+        by_queue: dict[str, list[bytes]] = defaultdict(list)
+        for run, job in ready:
+            envelope = Envelope(
+                run.run_id,
+                run.job_id,
+                run.fence,
+                job.task_name,
+                run.priority,
+                run.attempt,
+                job.payload,
+                last=not job.recurring,
+            )
+            by_queue[run.priority.queue].append(encode(envelope))
+        published: list[Run] = []
+        try:
+            for run_queue in sorted(by_queue, key=lambda q: _QUEUE_ORDER.get(q, 9)):
+                self.d.transport.publish(run_queue, by_queue[run_queue])
+                published.extend(r for r, _ in ready if r.priority.queue == run_queue)
+        except TransportError:
+            unsent = [r for r, _ in ready if r not in published]
+            self.log.warning("publish failed; %d runs go back to SCHEDULED", len(unsent))
+            back = self.store.transition(
+                [
+                    Transition(
+                        r.run_id,
+                        _C,
+                        RunState.SCHEDULED,
+                        r.fence,
+                        {"lease_owner": None, "lease_expires_ms": None},
+                        at_ms=now_ms,
+                    )
+                    for r in unsent
+                ]
+            )
+            self.d.index.add([IndexEntry(r.run_id, r.due_ms, r.priority) for r in back if r is not None])
+            self._mark_dispatched(published, now_ms)
+            raise
+        self._mark_dispatched(published, now_ms)
+
+    def _mark_dispatched(self, runs: Sequence[Run], now_ms: int) -> None:
+        lease_ms = round(self.settings.schedule_to_start_s * 1000)
+        self.store.transition(
+            [
+                Transition(
+                    r.run_id,
+                    _C,
+                    RunState.DISPATCHED,
+                    r.fence,
+                    {"lease_expires_ms": now_ms + lease_ms, "dispatched_ms": now_ms},
+                    at_ms=now_ms,
+                )
+                for r in runs
+            ]
+        )
+        for run in runs:
+            METRICS.dispatched.inc(priority=run.priority.value)
+            METRICS.dispatch_lateness.observe(max(0, now_ms - run.due_ms) / 1000, priority=run.priority.value)
+
+
+_QUEUE_ORDER = {"critical": 0, "high": 1, "default": 2, "low": 3}

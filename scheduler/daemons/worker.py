@@ -1,0 +1,436 @@
+"""Worker: consumes its queues in strict priority order and runs tasks under a fenced lease.
+
+Per delivery: CAS to RUNNING with a 30 s lease (a lost CAS means the run moved on: drop the
+message), run the task with a `TaskContext`, then write the outcome with a CAS on the fence and
+lease owner, then ack. A monitor thread renews every lease in one batch each heartbeat and
+extends the messages' visibility; a renewal that fails sets `ctx.lease_lost`, and the task's
+eventual outcome write is rejected and counted (`jobq_fenced_writes_total`).
+
+Prefetch never exceeds free slots, so a long LOW task never holds a CRITICAL message back.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from jobq.codec import Envelope, UndecodableMessage, decode
+from jobq.daemons.base import Daemon, event
+from jobq.ids import new_worker_id
+from jobq.logs import run_fields
+from jobq.metrics import METRICS
+from jobq.models import Job, JobStatus, Run, RunState, Transition
+from jobq.ports import Delivery, IndexEntry
+from jobq.retry import decide
+from jobq.tasks import TaskContext, TaskDef, TaskRegistry
+from jobq.wiring import Deployment
+
+_STARTABLE = frozenset({RunState.CLAIMED, RunState.DISPATCHED})
+_RUNNING = frozenset({RunState.RUNNING})
+UNKNOWN_TASK_REDELIVERIES = 5  # other workers may serve it; after this many deliveries the run fails
+RESULT_MAX_BYTES = 64 * 1024
+_MONITOR_TICK_S = 0.5
+
+
+@dataclass
+class _Active:
+    run: Run
+    ctx: TaskContext
+    delivery: Delivery
+    started_ms: int
+    timeout_s: float | None
+    beat_ms: int
+    done: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class Worker(Daemon):
+    name = "worker"
+
+    def __init__(
+        self,
+        deployment: Deployment,
+        registry: TaskRegistry,
+        *,
+        queues: Sequence[str] | None = None,
+        concurrency: int | None = None,
+        worker_id: str | None = None,
+    ) -> None:
+        super().__init__(deployment)
+        self.registry = registry
+        self.queues = list(queues or self.settings.queues)
+        self.concurrency = concurrency or self.settings.concurrency
+        self.worker_id = worker_id or new_worker_id("worker")
+        self.lease_ms = round(self.settings.lease_s * 1000)
+        self.heartbeat_ms = round(self.settings.heartbeat_s * 1000)
+        self.poll_s = 0.1
+        self._work: queue.Queue[Delivery | None] = queue.Queue()
+        self._slots = threading.Condition()
+        self._in_flight = 0  # deliveries taken and not yet finished
+        self._active: dict[str, _Active] = {}
+        self._active_lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self._stopping = threading.Event()
+        self.completed = 0
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._threads:
+            return
+        self.store.register_worker(self.worker_id, sorted(self.registry.names()), self.queues, self.clock.now_ms())
+        for n in range(self.concurrency):
+            t = threading.Thread(target=self._pool_loop, name=f"jobq-task-{n}", daemon=True)
+            t.start()
+            self._threads.append(t)
+        monitor = threading.Thread(target=self._monitor_loop, name="jobq-monitor", daemon=True)
+        monitor.start()
+        self._threads.append(monitor)
+        self.log.info("worker %s serving %s with %d slots", self.worker_id, ",".join(self.queues), self.concurrency)
+
+    def run_once(self, now_ms: int, wait_s: float = 0.0) -> int:
+        """Take up to the free slots' worth of deliveries and hand them to the pool."""
+        self.start()
+        with self._slots:
+            free = self.concurrency - self._in_flight
+        if free <= 0:
+            return 0
+        deliveries = self.d.transport.consume(self.queues, free, wait_s)
+        if deliveries:
+            with self._slots:
+                self._in_flight += len(deliveries)
+            for d in deliveries:
+                self._work.put(d)
+        return len(deliveries)
+
+    def run_forever(self, stop: threading.Event) -> None:
+        self.start()
+        failures = 0
+        while not stop.is_set():
+            with self._slots:
+                while self._in_flight >= self.concurrency and not stop.is_set():
+                    self._slots.wait(0.2)
+            if stop.is_set():
+                break
+            try:
+                self.run_once(self.clock.now_ms(), wait_s=self.poll_s)
+                failures = 0
+            except Exception:
+                failures += 1
+                METRICS.loop_errors.inc(daemon=self.name)
+                self.log.exception("consume failed (%d in a row)", failures)
+                stop.wait(min(30.0, 0.25 * 2**failures))
+        self.shutdown()
+
+    def wait_idle(self, timeout_s: float = 10.0) -> bool:
+        """Block until nothing is in flight (for tests and graceful shutdown)."""
+        deadline = time.monotonic() + timeout_s
+        with self._slots:
+            while self._in_flight > 0:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._slots.wait(left)
+        return True
+
+    def shutdown(self) -> None:
+        """Stop: wait up to `shutdown_grace_s` for running tasks, then hand the rest back (fence+1,
+        SCHEDULED now, attempt not counted) so another worker runs them without waiting for a lease."""
+        finished = self.wait_idle(self.settings.shutdown_grace_s)
+        self._stopping.set()
+        if not finished:
+            with self._active_lock:
+                left = [a for a in self._active.values() if not a.done]
+            now = self.clock.now_ms()
+            moves = [
+                Transition(
+                    a.run.run_id,
+                    _RUNNING,
+                    RunState.SCHEDULED,
+                    a.ctx.fence,
+                    {
+                        "due_ms": now,
+                        "lease_owner": None,
+                        "lease_expires_ms": None,
+                        "last_error": "handed back: worker shut down",
+                    },
+                    bump_fence=True,
+                    expect_owner=self.worker_id,
+                    at_ms=now,
+                )
+                for a in left
+            ]
+            back = [r for r in self.store.transition(moves) if r is not None]
+            self.d.index.add([IndexEntry(r.run_id, r.due_ms, r.priority) for r in back])
+            for a in left:
+                a.ctx.lease_lost.set()
+            self.d.transport.ack([a.delivery for a in left])
+            self.log.warning("handed back %d unfinished runs", len(back))
+        for _ in self._threads:
+            self._work.put(None)
+        self.log.info("worker %s stopped after %d runs", self.worker_id, self.completed)
+
+    # -- executing ------------------------------------------------------------------------------
+
+    def _pool_loop(self) -> None:
+        while True:
+            delivery = self._work.get()
+            if delivery is None:
+                return
+            try:
+                self._handle(delivery)
+            except Exception:
+                self.log.exception("unexpected failure handling a delivery")
+            finally:
+                with self._slots:
+                    self._in_flight -= 1
+                    self._slots.notify_all()
+
+    def _handle(self, delivery: Delivery) -> None:
+        try:
+            envelope = decode(delivery.body)
+        except UndecodableMessage as exc:
+            self.log.error("dropping undecodable message from %s: %s", delivery.queue, exc)
+            self.d.transport.ack([delivery])
+            return
+        task = self.registry.get(envelope.task)
+        if task is None and delivery.delivery_count < UNKNOWN_TASK_REDELIVERIES:
+            self.d.transport.nack([delivery], delay_s=1.0)  # another worker may serve it
+            return
+        now = self.clock.now_ms()
+        start = Transition(
+            envelope.run_id,
+            _STARTABLE,
+            RunState.RUNNING,
+            envelope.fence,
+            {
+                "lease_owner": self.worker_id,
+                "lease_expires_ms": now + self.lease_ms,
+                "last_heartbeat_ms": now,
+                "started_ms": now,
+            },
+            at_ms=now,
+        )
+        [run] = self.store.transition([start])
+        if run is None:
+            METRICS.stale_deliveries.inc()
+            self.d.transport.ack([delivery])
+            return
+        METRICS.start_lateness.observe(max(0, now - run.due_ms) / 1000, priority=run.priority.value)
+        ctx = TaskContext(run.run_id, run.job_id, run.attempt, run.fence, envelope.task, self.worker_id)
+        job: Job | None = None
+        if task is None:
+            outcome: _Outcome = _Outcome(error=f"UnknownTask: no worker serves {envelope.task!r}", retryable=False)
+        else:
+            if not envelope.payload_inline:
+                job = self.store.get_jobs([run.job_id]).get(run.job_id)
+            payload = envelope.payload if envelope.payload_inline else (job.payload if job else None)
+            outcome = self._execute(task, run, ctx, delivery, payload, job, now)
+        self._finish(envelope, run, delivery, outcome, job)
+
+    def _execute(
+        self, task: TaskDef, run: Run, ctx: TaskContext, delivery: Delivery, payload: Any, job: Job | None, now: int
+    ) -> _Outcome:
+        timeout_s = task.timeout_s
+        if timeout_s is None and job is not None:
+            timeout_s = job.timeout_s
+        active = _Active(run, ctx, delivery, now, timeout_s, now)
+        with self._active_lock:
+            self._active[run.run_id] = active
+        self.d.history.record([event(run, "STARTED", now, worker=self.worker_id)])
+        args, kwargs = _arguments(payload)
+        try:
+            result = task.call(ctx, args, kwargs)
+            return _Outcome(result=result)
+        except Exception as exc:
+            return _Outcome(exc=exc, error=f"{type(exc).__name__}: {exc}"[:2000])
+        finally:
+            with active.lock:
+                active.done = True
+            with self._active_lock:
+                self._active.pop(run.run_id, None)
+
+    def _finish(self, envelope: Envelope, run: Run, delivery: Delivery, outcome: _Outcome, job: Job | None) -> None:
+        now = self.clock.now_ms()
+        duration = now - (run.started_ms or now)
+        if outcome.ok:
+            kind = "SUCCEEDED"
+            move = Transition(
+                run.run_id,
+                _RUNNING,
+                RunState.SUCCEEDED,
+                run.fence,
+                {"result": _jsonable(outcome.result), "finished_ms": now, "lease_expires_ms": None, "last_error": None},
+                expect_owner=self.worker_id,
+                at_ms=now,
+                job_status=JobStatus.COMPLETED if envelope.last else None,
+            )
+        else:
+            job = job or self.store.get_jobs([run.job_id]).get(run.job_id)
+            move, kind = self._failure(run, outcome, job, now)
+        [written] = self.store.transition([move])
+        if written is None:
+            METRICS.fenced_writes.inc(op="complete")
+            self.log.warning("outcome rejected: the run moved on (fence or lease lost)", extra=run_fields(run))
+        else:
+            METRICS.completed.inc(outcome=kind)
+            if written.state is RunState.SCHEDULED:
+                self.d.index.add([IndexEntry(written.run_id, written.due_ms, written.priority)])
+            self.d.history.record([event(written, kind, now, worker=self.worker_id, duration_ms=duration)])
+            if kind != "SUCCEEDED":
+                self.log.warning("attempt %d failed: %s", run.attempt, outcome.error, extra=run_fields(written))
+        self.d.transport.ack([delivery])
+        self.completed += 1
+
+    def _failure(self, run: Run, outcome: _Outcome, job: Job | None, now: int) -> tuple[Transition, str]:
+        error = outcome.error or "failed"
+        if job is None:
+            retry, delay_s, reason = False, 0.0, f"{error} (job no longer exists)"
+        else:
+            verdict = decide(
+                job.retry,
+                run.attempt,
+                outcome.exc if outcome.exc is not None else error,
+                age_s=(now - run.nominal_ms) / 1000,
+                retryable=False if outcome.retryable is False else None,
+            )
+            retry, delay_s, reason = verdict.retry, verdict.delay_s, verdict.reason
+        cleared = {"lease_owner": None, "lease_expires_ms": None, "last_error": reason[:2000]}
+        if retry:
+            changes = {
+                **cleared,
+                "attempt": run.attempt + 1,
+                "due_ms": now + round(delay_s * 1000),
+                "deadline_ms": None,
+            }
+            move = Transition(
+                run.run_id, _RUNNING, RunState.SCHEDULED, run.fence, changes, expect_owner=self.worker_id, at_ms=now
+            )
+            return move, "RETRYING"
+        finish = JobStatus.COMPLETED if job is not None and not job.recurring else None
+        changes = {**cleared, "dead_letter": True, "finished_ms": now}
+        move = Transition(
+            run.run_id,
+            _RUNNING,
+            RunState.FAILED,
+            run.fence,
+            changes,
+            expect_owner=self.worker_id,
+            at_ms=now,
+            job_status=finish,
+        )
+        return move, "FAILED"
+
+    # -- heartbeats and timeouts ----------------------------------------------------------------
+
+    def _monitor_loop(self) -> None:
+        while not self._stopping.wait(_MONITOR_TICK_S):
+            try:
+                self.monitor_once(self.clock.now_ms())
+            except Exception:
+                METRICS.loop_errors.inc(daemon="monitor")
+                self.log.exception("heartbeat pass failed")
+
+    def monitor_once(self, now_ms: int) -> None:
+        """Renew due leases in one batch, extend their messages, and time out overdue tasks."""
+        with self._active_lock:
+            active = [a for a in self._active.values() if not a.done]
+        overdue = [a for a in active if a.timeout_s is not None and now_ms - a.started_ms > a.timeout_s * 1000]
+        beating = [a for a in active if a not in overdue and now_ms - a.beat_ms >= self.heartbeat_ms]
+        if beating:
+            renewals = self.store.transition(
+                [
+                    Transition(
+                        a.run.run_id,
+                        _RUNNING,
+                        RunState.RUNNING,
+                        a.ctx.fence,
+                        {"lease_expires_ms": now_ms + self.lease_ms, "last_heartbeat_ms": now_ms},
+                        expect_owner=self.worker_id,
+                        at_ms=now_ms,
+                    )
+                    for a in beating
+                ]
+            )
+            lost = [a for a, r in zip(beating, renewals, strict=True) if r is None]
+            for a in beating:
+                a.beat_ms = now_ms
+            kept = [a.delivery for a, r in zip(beating, renewals, strict=True) if r is not None]
+            if kept:
+                self.d.transport.extend(kept, self.settings.visibility_timeout_s)
+            if lost:
+                current = self.store.get_runs([a.run.run_id for a in lost])
+                for a in lost:
+                    METRICS.fenced_writes.inc(op="heartbeat")
+                    a.ctx.lease_lost.set()
+                    now_run = current.get(a.run.run_id)
+                    if now_run is not None and now_run.state is RunState.CANCELLED:
+                        a.ctx.cancelled.set()
+                    self.log.warning("lease lost; the task should stop", extra=run_fields(a.run))
+        for a in overdue:
+            self._time_out(a, now_ms)
+
+    def _time_out(self, active: _Active, now_ms: int) -> None:
+        """The task ran past its timeout: its attempt fails now (fence+1, so whatever it writes later
+        is rejected) and `lease_lost` asks it to stop; threads cannot be killed."""
+        with active.lock:
+            if active.done:
+                return
+            active.done = True
+        active.ctx.lease_lost.set()
+        job = self.store.get_jobs([active.run.job_id]).get(active.run.job_id)
+        error = f"TaskTimeout: exceeded timeout of {active.timeout_s:g} s"
+        move, kind = self._failure(active.run, _Outcome(error=error), job, now_ms)
+        bumped = Transition(
+            move.run_id,
+            move.expect,
+            move.to_state,
+            move.expect_fence,
+            move.changes,
+            bump_fence=True,
+            expect_owner=move.expect_owner,
+            at_ms=move.at_ms,
+            job_status=move.job_status,
+        )
+        [written] = self.store.transition([bumped])
+        if written is not None:
+            METRICS.completed.inc(outcome="TIMEOUT")
+            if written.state is RunState.SCHEDULED:
+                self.d.index.add([IndexEntry(written.run_id, written.due_ms, written.priority)])
+            self.d.history.record([event(written, kind, now_ms, worker=self.worker_id)])
+            self.log.warning(error, extra=run_fields(written))
+
+
+@dataclass
+class _Outcome:
+    result: Any = None
+    exc: BaseException | None = None
+    error: str | None = None
+    retryable: bool | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def _arguments(payload: Any) -> tuple[list[Any], dict[str, Any]]:
+    if payload is None:
+        return [], {}
+    if isinstance(payload, dict) and set(payload) <= {"args", "kwargs"}:
+        return list(payload.get("args", [])), dict(payload.get("kwargs", {}))
+    return [payload], {}
+
+
+def _jsonable(value: Any) -> Any:
+    if value is None:
+        return None
+    try:
+        text = json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError):
+        return {"repr": repr(value)[:1000]}
+    return value if len(text) <= RESULT_MAX_BYTES else {"truncated": True, "size": len(text)}

@@ -1,0 +1,1 @@
+"""`HistorySink` backends: memory, sqlite (the store's own table), and a buffering wrapper."""

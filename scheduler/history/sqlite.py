@@ -1,0 +1,53 @@
+"""History in the store's own database: the default sink of the embedded deployment."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from jobq.models import RunEvent
+from jobq.sqlitedb import SqliteDatabase
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobq_run_events (
+    id          INTEGER PRIMARY KEY AUTOINCREMENT,
+    job_id      TEXT NOT NULL,
+    run_id      TEXT NOT NULL,
+    tenant_id   TEXT NOT NULL,
+    attempt     INTEGER NOT NULL,
+    fence       INTEGER NOT NULL,
+    kind        TEXT NOT NULL,
+    at_ms       INTEGER NOT NULL,
+    worker      TEXT,
+    error       TEXT,
+    duration_ms INTEGER
+);
+CREATE INDEX IF NOT EXISTS jobq_run_events_job ON jobq_run_events (job_id, id);
+"""
+_COLUMNS = ("job_id", "run_id", "tenant_id", "attempt", "fence", "kind", "at_ms", "worker", "error", "duration_ms")
+
+
+class SqliteHistory:
+    def __init__(self, db: SqliteDatabase) -> None:
+        self.db = db
+        db.executescript(SCHEMA)
+
+    def record(self, events: Sequence[RunEvent]) -> None:
+        if not events:
+            return
+        rows = [tuple(getattr(e, c) for c in _COLUMNS) for e in events]
+        with self.db.write() as conn:
+            conn.executemany(
+                f"INSERT INTO jobq_run_events ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})", rows
+            )
+
+    def read(self, job_id: str, limit: int = 1000) -> list[RunEvent]:
+        rows = self.db.read(
+            f"SELECT {', '.join(_COLUMNS)} FROM jobq_run_events WHERE job_id = ? ORDER BY id LIMIT ?", (job_id, limit)
+        )
+        return [RunEvent.model_validate(dict(r)) for r in rows]
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.db.close()

@@ -1,0 +1,138 @@
+"""Process-local metrics with Prometheus text exposition (`--metrics-port`).
+
+Small on purpose: counters and histograms with a fixed label set, thread-safe, rendered in the
+Prometheus text format. Each daemon process exposes its own.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from collections.abc import Iterable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+class Counter:
+    def __init__(self, name: str, help_text: str, labels: tuple[str, ...] = ()) -> None:
+        self.name, self.help, self.labels = name, help_text, labels
+        self._values: dict[tuple[str, ...], float] = {}
+        self._lock = threading.Lock()
+
+    def inc(self, amount: float = 1, **labels: str) -> None:
+        key = tuple(labels.get(n, "") for n in self.labels)
+        with self._lock:
+            self._values[key] = self._values.get(key, 0) + amount
+
+    def value(self, **labels: str) -> float:
+        key = tuple(labels.get(n, "") for n in self.labels)
+        with self._lock:
+            if labels or not self.labels:
+                return self._values.get(key, 0)
+            return sum(self._values.values())
+
+    def render(self) -> Iterable[str]:
+        yield f"# HELP {self.name} {self.help}"
+        yield f"# TYPE {self.name} counter"
+        with self._lock:
+            items = sorted(self._values.items())
+        for key, value in items:
+            yield f"{self.name}{_labels(self.labels, key)} {value:g}"
+
+
+class Histogram:
+    BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+
+    def __init__(self, name: str, help_text: str, labels: tuple[str, ...] = ()) -> None:
+        self.name, self.help, self.labels = name, help_text, labels
+        self._data: dict[tuple[str, ...], list[float]] = {}  # bucket counts..., count, sum
+        self._lock = threading.Lock()
+
+    def observe(self, value: float, **labels: str) -> None:
+        key = tuple(labels.get(n, "") for n in self.labels)
+        index = bisect.bisect_left(self.BUCKETS, value)
+        with self._lock:
+            data = self._data.setdefault(key, [0.0] * (len(self.BUCKETS) + 2))
+            for i in range(index, len(self.BUCKETS)):
+                data[i] += 1
+            data[-2] += 1
+            data[-1] += value
+
+    def count(self, **labels: str) -> int:
+        key = tuple(labels.get(n, "") for n in self.labels)
+        with self._lock:
+            data = self._data.get(key)
+            return int(data[-2]) if data else 0
+
+    def render(self) -> Iterable[str]:
+        yield f"# HELP {self.name} {self.help}"
+        yield f"# TYPE {self.name} histogram"
+        with self._lock:
+            items = sorted((k, list(v)) for k, v in self._data.items())
+        for key, data in items:
+            for bound, count in zip(self.BUCKETS, data, strict=False):
+                yield f"{self.name}_bucket{_labels((*self.labels, 'le'), (*key, f'{bound:g}'))} {count:g}"
+            yield f"{self.name}_bucket{_labels((*self.labels, 'le'), (*key, '+Inf'))} {data[-2]:g}"
+            yield f"{self.name}_count{_labels(self.labels, key)} {data[-2]:g}"
+            yield f"{self.name}_sum{_labels(self.labels, key)} {data[-1]:g}"
+
+
+def _labels(names: tuple[str, ...], values: tuple[str, ...]) -> str:
+    if not names:
+        return ""
+    inner = ",".join(f'{n}="{v}"' for n, v in zip(names, values, strict=True))
+    return "{" + inner + "}"
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.dispatched = Counter("jobq_runs_dispatched_total", "Runs published to a queue.", ("priority",))
+        self.dispatch_lateness = Histogram(
+            "jobq_dispatch_lateness_seconds", "Publish time minus due time.", ("priority",)
+        )
+        self.start_lateness = Histogram("jobq_start_lateness_seconds", "Task start minus due time.", ("priority",))
+        self.completed = Counter("jobq_runs_completed_total", "Attempts finished, by outcome.", ("outcome",))
+        self.reclaimed = Counter("jobq_lease_reclaims_total", "Expired leases taken back by a reaper.", ("state",))
+        self.fenced_writes = Counter(
+            "jobq_fenced_writes_total", "Worker writes rejected because the fence or state moved.", ("op",)
+        )
+        self.misfires = Counter("jobq_misfires_total", "Fires that were late past the misfire threshold.", ("policy",))
+        self.overlap = Counter(
+            "jobq_overlap_decisions_total", "Runs held, skipped or cancelled by overlap.", ("action",)
+        )
+        self.stale_deliveries = Counter(
+            "jobq_stale_deliveries_total", "Messages dropped because the run moved on (fence or state)."
+        )
+        self.history_errors = Counter("jobq_history_errors_total", "History events that could not be written.")
+        self.loop_errors = Counter("jobq_loop_errors_total", "Daemon passes that raised.", ("daemon",))
+
+    def all(self) -> list[Counter | Histogram]:
+        return [v for v in vars(self).values() if isinstance(v, Counter | Histogram)]
+
+    def render(self) -> str:
+        return "\n".join(line for metric in self.all() for line in metric.render()) + "\n"
+
+
+METRICS = Metrics()
+
+
+def serve(port: int, host: str = "0.0.0.0") -> ThreadingHTTPServer:
+    """Serve `/metrics` from a daemon thread; returns the server (call `shutdown()` to stop)."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path.split("?")[0] != "/metrics":
+                self.send_error(404)
+                return
+            body = METRICS.render().encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    threading.Thread(target=server.serve_forever, name="jobq-metrics", daemon=True).start()
+    return server

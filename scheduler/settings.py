@@ -1,0 +1,128 @@
+"""One frozen settings object, built once at the edge from a file, `JOBQ_*` variables and flags.
+
+Precedence, lowest first: defaults, the TOML file (`--config` or `JOBQ_CONFIG`), environment
+variables, explicit overrides (command-line flags). Backends are chosen by URL; the index,
+broker and history default to the store's own database when the store is SQLite or memory.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from jobq.errors import ConfigError
+
+# Short names accepted in files and variables for the four backend URLs.
+_ALIASES = {"store": "store_url", "index": "index_url", "broker": "broker_url", "history": "history_url"}
+
+
+class Settings(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    store_url: str = "sqlite:///jobq.db"
+    index_url: str | None = None  # default: the store's own (a view of its runs)
+    broker_url: str | None = None  # default: the store's database (a queue table)
+    history_url: str | None = None  # default: the store's database
+
+    horizon_s: float = Field(default=60.0, gt=0, description="runs are materialised this far ahead")
+    beat_interval_s: float = Field(default=1.0, gt=0)
+    repair_interval_s: float = Field(default=5.0, gt=0)
+    scan_interval_s: float = Field(default=0.25, gt=0)
+    scan_batch: int = Field(default=500, ge=1, le=5000)
+    claim_lease_s: float = Field(default=10.0, gt=0)
+    schedule_to_start_s: float = Field(default=300.0, gt=0)
+    lease_s: float = Field(default=30.0, gt=0)
+    heartbeat_s: float = Field(default=10.0, gt=0)
+    reaper_interval_s: float = Field(default=1.0, gt=0)
+    visibility_timeout_s: float = Field(default=60.0, gt=0)
+    misfire_threshold_s: float = Field(default=60.0, ge=0)
+    overlap_hold_s: float = Field(default=1.0, gt=0)
+    max_payload_bytes: int = Field(default=256 * 1024, gt=0)
+    shutdown_grace_s: float = Field(default=30.0, ge=0)
+    idempotency_ttl_s: int = Field(default=86_400, gt=0)
+    history_flush_s: float = Field(default=0.2, ge=0, description="0 writes history synchronously")
+
+    concurrency: int = Field(default=4, ge=1, le=1024)
+    queues: tuple[str, ...] = ("critical", "high", "default", "low")
+
+    metrics_port: int | None = None
+    log_level: str = "INFO"
+    log_format: str = Field(default="text", pattern="^(text|json)$")
+
+    @property
+    def index(self) -> str:
+        return self.index_url or _same_database(self.store_url)
+
+    @property
+    def broker(self) -> str:
+        return self.broker_url or _same_database(self.store_url)
+
+    @property
+    def history(self) -> str:
+        return self.history_url or _same_database(self.store_url)
+
+    @classmethod
+    def load(
+        cls,
+        overrides: Mapping[str, Any] | None = None,
+        *,
+        env: Mapping[str, str] | None = None,
+        config_file: str | os.PathLike[str] | None = None,
+    ) -> Settings:
+        """Build settings from (lowest first) defaults, a TOML file, `JOBQ_*` variables, overrides.
+
+        Raises `ConfigError` naming the key and the bad value."""
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        path = config_file or env.get("JOBQ_CONFIG")
+        if path:
+            values.update(_from_file(Path(path)))
+        values.update(_from_env(env))
+        values.update({_ALIASES.get(k, k): v for k, v in (overrides or {}).items() if v is not None})
+        try:
+            return cls.model_validate(values)
+        except ValidationError as exc:
+            error = exc.errors()[0]
+            key = ".".join(str(p) for p in error["loc"]) or "settings"
+            raise ConfigError(key, error.get("input"), error["msg"]) from None
+
+    def with_overrides(self, **overrides: Any) -> Settings:
+        merged = self.model_dump()
+        merged.update({_ALIASES.get(k, k): v for k, v in overrides.items() if v is not None})
+        return Settings.model_validate(merged)
+
+
+def _same_database(store_url: str) -> str:
+    if store_url.startswith(("sqlite:", "memory:")):
+        return store_url
+    raise ConfigError("store", store_url, "a non-embedded store needs --index, --broker and --history URLs")
+
+
+def _from_file(path: Path) -> dict[str, Any]:
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError("config", str(path), "no such file") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError("config", str(path), f"not valid TOML: {exc}") from None
+    section = data.get("jobq", data)
+    return {_ALIASES.get(k, k): v for k, v in section.items()}
+
+
+def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
+    fields = set(Settings.model_fields)
+    out: dict[str, Any] = {}
+    for name, value in env.items():
+        if not name.startswith("JOBQ_") or name == "JOBQ_CONFIG":
+            continue
+        key = name[5:].lower()
+        key = _ALIASES.get(key, key)
+        if key not in fields:
+            continue
+        out[key] = tuple(q.strip() for q in value.split(",") if q.strip()) if key == "queues" else value
+    return out

@@ -1,0 +1,146 @@
+"""One SQLite database file shared by the embedded store, time index and transport.
+
+Safe across threads (a connection per thread) and across processes (WAL, a busy timeout and
+`BEGIN IMMEDIATE` for every write, so writers queue on the file lock instead of failing on a
+lock upgrade). `sqlite3` errors are translated into `StoreUnavailable` here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from jobq.errors import ConfigError, StoreUnavailable
+
+_PRAGMAS = (
+    # Readers never block the writer and the writer never blocks readers; survives kill -9.
+    "PRAGMA journal_mode=WAL",
+    # In WAL, NORMAL syncs at checkpoints only: a power cut may lose the last commits, a process
+    # crash loses nothing. jobq's durability target is the process crash.
+    "PRAGMA synchronous=NORMAL",
+    # Writers from other processes wait up to 30 s for the lock instead of failing at once.
+    "PRAGMA busy_timeout=30000",
+    "PRAGMA foreign_keys=ON",
+    # Keep hot pages in memory: 64 MiB per connection at most.
+    "PRAGMA cache_size=-65536",
+    "PRAGMA temp_store=MEMORY",
+)
+
+
+def path_from_url(url: str) -> str:
+    """`sqlite:///jobq.db` (relative), `sqlite:////abs/jobq.db`, or `sqlite://:memory:`-free paths."""
+    parts = urlsplit(url)
+    if parts.scheme != "sqlite":
+        raise ConfigError("url", url, "expected a sqlite:/// URL")
+    path = parts.path
+    if parts.netloc:
+        raise ConfigError("url", url, "use sqlite:///relative.db or sqlite:////absolute/path.db")
+    if path.startswith("/"):
+        path = path[1:]
+    if not path or path == ":memory:":
+        raise ConfigError("url", url, "the embedded backends need a file path: several processes share it")
+    return path
+
+
+class SqliteDatabase:
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = str(Path(path))
+        parent = Path(self.path).parent
+        parent.mkdir(parents=True, exist_ok=True)
+        self._local = threading.local()
+        self._all: list[sqlite3.Connection] = []
+        self._all_lock = threading.Lock()
+        self._closed = False
+
+    @classmethod
+    def from_url(cls, url: str) -> SqliteDatabase:
+        return cls(path_from_url(url))
+
+    def connection(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            if self._closed:
+                raise StoreUnavailable(f"database {self.path} is closed")
+            conn = self._connect()
+            self._local.conn = conn
+            with self._all_lock:
+                self._all.append(conn)
+        return conn
+
+    def _connect(self) -> sqlite3.Connection:
+        try:
+            # isolation_level=None: we issue BEGIN/COMMIT ourselves.
+            conn = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
+            conn.row_factory = sqlite3.Row
+            for pragma in _PRAGMAS:
+                _retry_locked(lambda p=pragma: conn.execute(p))  # type: ignore[misc]
+            return conn
+        except sqlite3.Error as exc:
+            raise StoreUnavailable(f"cannot open {self.path}: {exc}") from exc
+
+    @contextlib.contextmanager
+    def write(self) -> Iterator[sqlite3.Connection]:
+        """A write transaction: `BEGIN IMMEDIATE` takes the write lock up front; commit or roll back."""
+        conn = self.connection()
+        try:
+            _retry_locked(lambda: conn.execute("BEGIN IMMEDIATE"))
+        except sqlite3.Error as exc:
+            raise StoreUnavailable(f"{self.path}: {exc}") from exc
+        try:
+            yield conn
+        except BaseException:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            raise
+        try:
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            raise StoreUnavailable(f"{self.path}: commit failed: {exc}") from exc
+
+    def read(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
+        try:
+            return self.connection().execute(sql, params).fetchall()
+        except sqlite3.OperationalError as exc:
+            raise StoreUnavailable(f"{self.path}: {exc}") from exc
+
+    def executescript(self, script: str) -> None:
+        conn = self.connection()
+        try:
+            _retry_locked(lambda: conn.executescript(script))
+        except sqlite3.Error as exc:
+            raise StoreUnavailable(f"{self.path}: {exc}") from exc
+
+    def close(self) -> None:
+        self._closed = True
+        with self._all_lock:
+            for conn in self._all:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.close()
+            self._all.clear()
+        self._local = threading.local()
+
+
+def _retry_locked(op: Any, attempts: int = 50) -> Any:
+    """Run `op`, retrying 'database is locked' that the busy handler does not cover (schema
+    changes and BEGIN IMMEDIATE while another process checkpoints)."""
+    for attempt in range(attempts):
+        try:
+            return op()
+        except sqlite3.OperationalError as exc:
+            if ("locked" not in str(exc) and "busy" not in str(exc)) or attempt == attempts - 1:
+                raise
+            time.sleep(min(0.001 * 2**attempt, 0.1))
+    return None
+
+
+def placeholders(n: int) -> str:
+    return ",".join("?" * n)

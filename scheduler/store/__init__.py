@@ -1,0 +1,1 @@
+"""`JobStore` backends: memory (reference), sqlite (embedded default); postgres and dynamodb at scale."""

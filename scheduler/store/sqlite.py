@@ -1,0 +1,428 @@
+"""The embedded default store: jobs, runs, idempotency keys and workers in one SQLite file.
+
+Runs are rows with a column per field, so the claim, the transitions and the lease and due
+queries are single indexed statements. Jobs are a JSON document plus the columns that are
+queried. Every write runs in `BEGIN IMMEDIATE`, so concurrent processes serialise on the file
+lock rather than failing.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from jobq.errors import Conflict, DuplicateJob, IdempotencyConflict, JobNotFound
+from jobq.models import PRIORITIES_BY_RANK, IdempotencyRecord, Job, Run, RunState, Transition
+from jobq.ports import CreateResult, JobQuery, Page, RunQuery
+from jobq.sqlitedb import SqliteDatabase, placeholders
+from jobq.store.memory import parse_run_cursor, run_cursor
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobq_jobs (
+    job_id       TEXT PRIMARY KEY,
+    tenant_id    TEXT NOT NULL,
+    name         TEXT NOT NULL,
+    status       TEXT NOT NULL,
+    priority     INTEGER NOT NULL,
+    next_fire_ms INTEGER,
+    version      INTEGER NOT NULL,
+    doc          TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS jobq_jobs_due ON jobq_jobs (next_fire_ms)
+    WHERE status = 'ACTIVE' AND next_fire_ms IS NOT NULL;
+CREATE INDEX IF NOT EXISTS jobq_jobs_tenant ON jobq_jobs (tenant_id, job_id);
+
+CREATE TABLE IF NOT EXISTS jobq_runs (
+    run_id            TEXT PRIMARY KEY,
+    job_id            TEXT NOT NULL,
+    tenant_id         TEXT NOT NULL,
+    nominal_ms        INTEGER NOT NULL,
+    due_ms            INTEGER NOT NULL,
+    priority          INTEGER NOT NULL,
+    state             TEXT NOT NULL,
+    attempt           INTEGER NOT NULL,
+    fence             INTEGER NOT NULL,
+    version           INTEGER NOT NULL,
+    lease_owner       TEXT,
+    lease_expires_ms  INTEGER,
+    last_heartbeat_ms INTEGER,
+    last_error        TEXT,
+    deadline_ms       INTEGER,
+    prev_run_id       TEXT,
+    blocked_by        TEXT,
+    dead_letter       INTEGER NOT NULL DEFAULT 0,
+    result            TEXT,
+    created_ms        INTEGER NOT NULL,
+    updated_ms        INTEGER NOT NULL,
+    dispatched_ms     INTEGER,
+    started_ms        INTEGER,
+    finished_ms       INTEGER
+);
+-- The scanner's (and beat's repair) query: due runs of one tier, earliest first.
+CREATE INDEX IF NOT EXISTS jobq_runs_due ON jobq_runs (priority, due_ms) WHERE state = 'SCHEDULED';
+-- The reaper's query: leases that ran out.
+CREATE INDEX IF NOT EXISTS jobq_runs_lease ON jobq_runs (lease_expires_ms)
+    WHERE state IN ('CLAIMED', 'DISPATCHED', 'RUNNING');
+CREATE INDEX IF NOT EXISTS jobq_runs_job ON jobq_runs (job_id, nominal_ms);
+CREATE INDEX IF NOT EXISTS jobq_runs_dead ON jobq_runs (tenant_id, nominal_ms) WHERE dead_letter = 1;
+
+CREATE TABLE IF NOT EXISTS jobq_idempotency (
+    tenant_id   TEXT NOT NULL,
+    key         TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,
+    job_id      TEXT NOT NULL,
+    response    TEXT,
+    created_ms  INTEGER NOT NULL,
+    expires_ms  INTEGER NOT NULL,
+    PRIMARY KEY (tenant_id, key)
+);
+
+CREATE TABLE IF NOT EXISTS jobq_workers (
+    worker_id TEXT PRIMARY KEY,
+    tasks     TEXT NOT NULL,
+    queues    TEXT NOT NULL,
+    seen_ms   INTEGER NOT NULL
+);
+"""
+
+RUN_COLUMNS = (
+    "run_id",
+    "job_id",
+    "tenant_id",
+    "nominal_ms",
+    "due_ms",
+    "priority",
+    "state",
+    "attempt",
+    "fence",
+    "version",
+    "lease_owner",
+    "lease_expires_ms",
+    "last_heartbeat_ms",
+    "last_error",
+    "deadline_ms",
+    "prev_run_id",
+    "blocked_by",
+    "dead_letter",
+    "result",
+    "created_ms",
+    "updated_ms",
+    "dispatched_ms",
+    "started_ms",
+    "finished_ms",
+)
+_INSERT_RUN = (
+    f"INSERT OR IGNORE INTO jobq_runs ({', '.join(RUN_COLUMNS)}) VALUES ({placeholders(len(RUN_COLUMNS))}) RETURNING *"
+)
+_LEASED = "('CLAIMED', 'DISPATCHED', 'RUNNING')"
+# A one-off's final outcome completes its job in the same transaction; the JSON document and the
+# queried columns change together.
+_FINISH_JOB = """
+UPDATE jobq_jobs SET status = ?1, version = version + 1,
+    doc = json_set(doc, '$.status', ?1, '$.version', version + 1, '$.updated_ms', coalesce(?2, json_extract(doc, '$.updated_ms')))
+WHERE job_id = ?3 AND status IN ('ACTIVE', 'COMPLETED')
+"""
+_CHUNK = 500  # ids per IN (...) list
+
+
+def _run_values(run: Run) -> tuple[Any, ...]:
+    row = run.model_dump(mode="json")
+    row["priority"] = run.priority.rank
+    row["dead_letter"] = int(run.dead_letter)
+    row["result"] = None if run.result is None else json.dumps(run.result)
+    return tuple(row[c] for c in RUN_COLUMNS)
+
+
+def run_from_row(row: sqlite3.Row) -> Run:
+    data = dict(row)
+    data["priority"] = PRIORITIES_BY_RANK[data["priority"]]
+    data["dead_letter"] = bool(data["dead_letter"])
+    if data["result"] is not None:
+        data["result"] = json.loads(data["result"])
+    return Run.model_validate(data)
+
+
+def _job_row(job: Job) -> tuple[Any, ...]:
+    return (
+        job.job_id,
+        job.tenant_id,
+        job.name,
+        job.status.value,
+        job.priority.rank,
+        job.next_fire_ms,
+        job.version,
+        job.model_dump_json(),
+    )
+
+
+def _chunks(items: Sequence[str]) -> Iterable[Sequence[str]]:
+    for i in range(0, len(items), _CHUNK):
+        yield items[i : i + _CHUNK]
+
+
+class SqliteStore:
+    def __init__(self, db: SqliteDatabase) -> None:
+        self.db = db
+        db.executescript(SCHEMA)
+
+    @classmethod
+    def from_url(cls, url: str) -> SqliteStore:
+        return cls(SqliteDatabase.from_url(url))
+
+    # -- jobs ---------------------------------------------------------------------------------
+
+    def create_job(self, job: Job, runs: Sequence[Run], idempotency: IdempotencyRecord | None = None) -> CreateResult:
+        with self.db.write() as conn:
+            if idempotency is not None:
+                known = conn.execute(
+                    "SELECT fingerprint, job_id, response, expires_ms FROM jobq_idempotency WHERE tenant_id=? AND key=?",
+                    (idempotency.tenant_id, idempotency.key),
+                ).fetchone()
+                if known is not None and known["expires_ms"] > idempotency.created_ms:
+                    if known["fingerprint"] != idempotency.fingerprint:
+                        raise IdempotencyConflict(idempotency.key)
+                    original = conn.execute("SELECT doc FROM jobq_jobs WHERE job_id=?", (known["job_id"],)).fetchone()
+                    if original is not None:
+                        return CreateResult(Job.model_validate_json(original["doc"]), False, known["response"])
+            try:
+                conn.execute("INSERT INTO jobq_jobs VALUES (?, ?, ?, ?, ?, ?, ?, ?)", _job_row(job))
+            except sqlite3.IntegrityError:
+                raise DuplicateJob(job.job_id) from None
+            conn.executemany(_INSERT_RUN.removesuffix(" RETURNING *"), [_run_values(r) for r in runs])
+            if idempotency is not None:
+                conn.execute(
+                    "INSERT OR REPLACE INTO jobq_idempotency VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        idempotency.tenant_id,
+                        idempotency.key,
+                        idempotency.fingerprint,
+                        idempotency.job_id,
+                        idempotency.response,
+                        idempotency.created_ms,
+                        idempotency.expires_ms,
+                    ),
+                )
+        return CreateResult(job, created=True)
+
+    def get_jobs(self, job_ids: Sequence[str]) -> dict[str, Job]:
+        found: dict[str, Job] = {}
+        for chunk in _chunks(list(dict.fromkeys(job_ids))):
+            sql = f"SELECT doc FROM jobq_jobs WHERE job_id IN ({placeholders(len(chunk))})"
+            for row in self.db.read(sql, chunk):
+                job = Job.model_validate_json(row["doc"])
+                found[job.job_id] = job
+        return found
+
+    def list_jobs(self, query: JobQuery) -> Page[Job]:
+        where, params = ["job_id > ?"], [query.cursor or ""]
+        if query.tenant_id is not None:
+            where.append("tenant_id = ?")
+            params.append(query.tenant_id)
+        if query.status is not None:
+            where.append("status = ?")
+            params.append(query.status.value)
+        if query.priority is not None:
+            where.append("priority = ?")
+            params.append(str(query.priority.rank))
+        if query.name_prefix:
+            where.append("substr(name, 1, ?) = ?")
+            params.extend([str(len(query.name_prefix)), query.name_prefix])
+        sql = f"SELECT doc FROM jobq_jobs WHERE {' AND '.join(where)} ORDER BY job_id LIMIT ?"
+        rows = self.db.read(sql, [*params, query.limit + 1])
+        jobs = [Job.model_validate_json(r["doc"]) for r in rows[: query.limit]]
+        return Page(jobs, jobs[-1].job_id if len(rows) > query.limit and jobs else None)
+
+    def update_job(self, job: Job) -> Job:
+        stored = job.model_copy(update={"version": job.version + 1})
+        row = _job_row(stored)
+        with self.db.write() as conn:
+            cur = conn.execute(
+                "UPDATE jobq_jobs SET tenant_id=?, name=?, status=?, priority=?, next_fire_ms=?, version=?, doc=? "
+                "WHERE job_id=? AND version=?",
+                (*row[1:], job.job_id, job.version),
+            )
+            if cur.rowcount == 0:
+                exists = conn.execute("SELECT version FROM jobq_jobs WHERE job_id=?", (job.job_id,)).fetchone()
+                if exists is None:
+                    raise JobNotFound(job.job_id)
+                raise Conflict(f"job {job.job_id!r} changed (version {exists['version']}, expected {job.version})")
+        return stored
+
+    def due_jobs(self, before_ms: int, limit: int) -> list[Job]:
+        rows = self.db.read(
+            "SELECT doc FROM jobq_jobs WHERE status = 'ACTIVE' AND next_fire_ms IS NOT NULL AND next_fire_ms <= ? "
+            "ORDER BY next_fire_ms LIMIT ?",
+            (before_ms, limit),
+        )
+        return [Job.model_validate_json(r["doc"]) for r in rows]
+
+    # -- runs ---------------------------------------------------------------------------------
+
+    def add_runs(self, runs: Sequence[Run]) -> list[Run]:
+        if not runs:
+            return []
+        added = []
+        with self.db.write() as conn:
+            for run in runs:
+                added.extend(run_from_row(r) for r in conn.execute(_INSERT_RUN, _run_values(run)).fetchall())
+        return added
+
+    def get_runs(self, run_ids: Sequence[str]) -> dict[str, Run]:
+        found: dict[str, Run] = {}
+        for chunk in _chunks(list(dict.fromkeys(run_ids))):
+            for row in self.db.read(f"SELECT * FROM jobq_runs WHERE run_id IN ({placeholders(len(chunk))})", chunk):
+                run = run_from_row(row)
+                found[run.run_id] = run
+        return found
+
+    def list_runs(self, query: RunQuery) -> Page[Run]:
+        where: list[str] = []
+        params: list[Any] = []
+        if query.job_id is not None:
+            where.append("job_id = ?")
+            params.append(query.job_id)
+        if query.tenant_id is not None:
+            where.append("tenant_id = ?")
+            params.append(query.tenant_id)
+        if query.states:
+            where.append(f"state IN ({placeholders(len(query.states))})")
+            params.extend(sorted(s.value for s in query.states))
+        if query.dead_letter is not None:
+            where.append("dead_letter = ?")
+            params.append(int(query.dead_letter))
+        if query.cursor:
+            nominal, run_id = parse_run_cursor(query.cursor)
+            where.append("(nominal_ms < ? OR (nominal_ms = ? AND run_id < ?))")
+            params.extend([nominal, nominal, run_id])
+        clause = f"WHERE {' AND '.join(where)}" if where else ""
+        sql = f"SELECT * FROM jobq_runs {clause} ORDER BY nominal_ms DESC, run_id DESC LIMIT ?"
+        rows = self.db.read(sql, [*params, query.limit + 1])
+        runs = [run_from_row(r) for r in rows[: query.limit]]
+        return Page(runs, run_cursor(runs[-1]) if len(rows) > query.limit and runs else None)
+
+    def run_counts(self, job_id: str) -> dict[RunState, int]:
+        rows = self.db.read("SELECT state, COUNT(*) FROM jobq_runs WHERE job_id = ? GROUP BY state", (job_id,))
+        return {RunState(r[0]): r[1] for r in rows}
+
+    def claim(self, run_ids: Sequence[str], now_ms: int, owner: str, lease_ms: int) -> list[Run]:
+        claimed: list[Run] = []
+        if not run_ids:
+            return claimed
+        with self.db.write() as conn:
+            for chunk in _chunks(run_ids):
+                rows = conn.execute(
+                    "UPDATE jobq_runs SET state = 'CLAIMED', fence = fence + 1, version = version + 1, "
+                    "lease_owner = ?, lease_expires_ms = ?, updated_ms = ? "
+                    f"WHERE run_id IN ({placeholders(len(chunk))}) AND state = 'SCHEDULED' AND due_ms <= ? "
+                    "RETURNING *",
+                    (owner, now_ms + lease_ms, now_ms, *chunk, now_ms),
+                ).fetchall()
+                claimed.extend(run_from_row(r) for r in rows)
+        claimed.sort(key=lambda r: (r.priority.rank, r.due_ms))
+        return claimed
+
+    def transition(self, transitions: Sequence[Transition]) -> list[Run | None]:
+        if not transitions:
+            return []
+        out: list[Run | None] = []
+        with self.db.write() as conn:
+            for t in transitions:
+                row = conn.execute(*_transition_sql(t)).fetchone()
+                out.append(None if row is None else run_from_row(row))
+                if row is not None and t.job_status is not None:
+                    conn.execute(_FINISH_JOB, (t.job_status.value, t.at_ms, row["job_id"]))
+        return out
+
+    def expired_leases(self, now_ms: int, limit: int) -> list[Run]:
+        rows = self.db.read(
+            f"SELECT * FROM jobq_runs WHERE state IN {_LEASED} AND lease_expires_ms < ? "
+            "ORDER BY lease_expires_ms LIMIT ?",
+            (now_ms, limit),
+        )
+        return [run_from_row(r) for r in rows]
+
+    def overdue_runs(self, before_ms: int, limit: int) -> list[Run]:
+        return [run_from_row(r) for r in self.overdue_rows("*", before_ms, limit)]
+
+    def overdue_rows(self, columns: str, before_ms: int, limit: int) -> list[sqlite3.Row]:
+        """SCHEDULED rows due by `before_ms`, CRITICAL first: one indexed range read per tier."""
+        rows: list[sqlite3.Row] = []
+        for priority in PRIORITIES_BY_RANK:
+            if len(rows) >= limit:
+                break
+            rows.extend(
+                self.db.read(
+                    f"SELECT {columns} FROM jobq_runs WHERE state = 'SCHEDULED' AND priority = ? AND due_ms <= ? "
+                    "ORDER BY due_ms LIMIT ?",
+                    (priority.rank, before_ms, limit - len(rows)),
+                )
+            )
+        return rows
+
+    def next_due_ms(self) -> int | None:
+        found = [
+            r[0]
+            for p in PRIORITIES_BY_RANK
+            for r in self.db.read(
+                "SELECT MIN(due_ms) FROM jobq_runs WHERE state = 'SCHEDULED' AND priority = ?", (p.rank,)
+            )
+            if r[0] is not None
+        ]
+        return min(found) if found else None
+
+    # -- idempotency and workers -------------------------------------------------------------
+
+    def idempotency(self, tenant_id: str, key: str, now_ms: int) -> IdempotencyRecord | None:
+        rows = self.db.read(
+            "SELECT * FROM jobq_idempotency WHERE tenant_id = ? AND key = ? AND expires_ms > ?",
+            (tenant_id, key, now_ms),
+        )
+        return IdempotencyRecord.model_validate(dict(rows[0])) if rows else None
+
+    def register_worker(self, worker_id: str, tasks: Sequence[str], queues: Sequence[str], now_ms: int) -> None:
+        with self.db.write() as conn:
+            conn.execute(
+                "INSERT OR REPLACE INTO jobq_workers VALUES (?, ?, ?, ?)",
+                (worker_id, json.dumps(sorted(tasks)), json.dumps(list(queues)), now_ms),
+            )
+
+    def known_tasks(self) -> set[str]:
+        names: set[str] = set()
+        for row in self.db.read("SELECT tasks FROM jobq_workers"):
+            names.update(json.loads(row["tasks"]))
+        return names
+
+    def close(self) -> None:
+        self.db.close()
+
+
+def _transition_sql(t: Transition) -> tuple[str, list[Any]]:
+    sets = ["state = ?", "version = version + 1"]
+    params: list[Any] = [t.to_state.value]
+    if t.bump_fence:
+        sets.append("fence = fence + 1")
+    if t.at_ms is not None:
+        sets.append("updated_ms = ?")
+        params.append(t.at_ms)
+    for name, value in t.changes.items():
+        sets.append(f"{name} = ?")  # names are whitelisted by Transition
+        if name == "result":
+            value = None if value is None else json.dumps(value)
+        elif name == "dead_letter":
+            value = int(value)
+        params.append(value)
+    where = [f"run_id = ? AND state IN ({placeholders(len(t.expect))})"]
+    params.append(t.run_id)
+    params.extend(s.value for s in t.expect)
+    if t.expect_fence is not None:
+        where.append("fence = ?")
+        params.append(t.expect_fence)
+    if t.expect_owner is not None:
+        where.append("lease_owner = ?")
+        params.append(t.expect_owner)
+    if t.expect_version is not None:
+        where.append("version = ?")
+        params.append(t.expect_version)
+    return f"UPDATE jobq_runs SET {', '.join(sets)} WHERE {' AND '.join(where)} RETURNING *", params

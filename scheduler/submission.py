@@ -1,0 +1,286 @@
+"""Turning a submission into a job and its first runs, and materialising later runs.
+
+`JobSpec` is the one input shape shared by the Python API, the CLI and `POST /v1/jobs`.
+Everything is validated before anything is written: a bad cron, an unknown timezone, a missed
+one-off, an oversized payload or an unknown task raises `InvalidJob` and writes nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from jobq.errors import InvalidJob, MissedWindow, PayloadTooLarge, ScheduleError, UnknownTask
+from jobq.ids import new_job_id
+from jobq.models import (
+    DstGap,
+    DstOverlap,
+    Job,
+    JobStatus,
+    MisfirePolicy,
+    OverlapPolicy,
+    Priority,
+    RetryPolicy,
+    Run,
+    RunState,
+    Schedule,
+    ScheduleType,
+    Target,
+    TaskTarget,
+)
+from jobq.schedules import cron_for, jitter_ms, next_fire, parse_cron, plan_fires, zone
+from jobq.settings import Settings
+
+JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$"
+
+
+class JobSpec(BaseModel):
+    """A job as submitted. Field names follow the HTTP API."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tenant_id: str = Field(default="default", min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.\-]+$")
+    job_id: str | None = Field(default=None, pattern=JOB_ID_PATTERN)
+    job_name: str | None = Field(default=None, min_length=1, max_length=200)
+    schedule_type: ScheduleType
+    cron_expression: str | None = Field(default=None, max_length=200)
+    cron_dialect: str = "unix"
+    timezone: str = Field(default="UTC", max_length=64)
+    run_at: int | str | None = None  # epoch ms or ISO 8601 (naive ISO is read in `timezone`)
+    delay_seconds: float | None = Field(default=None, ge=0, le=366 * 86_400)
+    priority: Priority = Priority.DEFAULT
+    target: Target
+    payload: Any = None
+    retry_policy: RetryPolicy = Field(default_factory=RetryPolicy)
+    misfire_policy: MisfirePolicy = MisfirePolicy.FIRE_ONCE_NOW
+    catchup_window_seconds: int = Field(default=86_400, ge=0, le=366 * 86_400)
+    overlap_policy: OverlapPolicy = OverlapPolicy.SKIP
+    jitter_seconds: int = Field(default=0, ge=0, le=86_400)
+    dst_gap: DstGap = DstGap.SKIP
+    dst_overlap: DstOverlap = DstOverlap.ONCE
+    timeout_seconds: float | None = Field(default=None, gt=0, le=7 * 86_400)
+
+    @field_validator("priority", mode="before")
+    @classmethod
+    def _priority(cls, value: Any) -> Any:
+        return value.upper() if isinstance(value, str) else value
+
+    def fingerprint(self) -> str:
+        """A hash of the request: the same Idempotency-Key with another body is a conflict."""
+        body = self.model_dump(mode="json", exclude_none=True)
+        return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    max_payload_bytes: int = 256 * 1024
+    horizon_ms: int = 60_000
+    misfire_threshold_ms: int = 60_000
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Limits:
+        return cls(
+            max_payload_bytes=settings.max_payload_bytes,
+            horizon_ms=round(settings.horizon_s * 1000),
+            misfire_threshold_ms=round(settings.misfire_threshold_s * 1000),
+        )
+
+
+def parse_instant(value: int | str, timezone: str) -> int:
+    """Epoch milliseconds from epoch ms or ISO 8601; a naive time is wall-clock in `timezone`.
+
+    A wall time that does not exist (spring-forward gap) is refused; a repeated one (fall-back)
+    means its first occurrence."""
+    if isinstance(value, int):
+        if value < 0:
+            raise ScheduleError(f"run_at {value} is before 1970", field="run_at")
+        return value
+    text = value.strip()
+    if text.isdigit():
+        return int(text)
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise ScheduleError(
+            f"run_at {value!r} is neither epoch milliseconds nor ISO 8601 (e.g. 2026-12-01T09:00:00Z)",
+            field="run_at",
+        ) from None
+    if moment.tzinfo is None:
+        tz = zone(timezone)
+        local = moment.replace(tzinfo=tz, fold=0)
+        if local.astimezone(UTC).astimezone(tz).replace(tzinfo=None) != moment:
+            raise ScheduleError(f"run_at {value!r} does not exist in {timezone} (a DST gap)", field="run_at")
+        moment = local
+    return round(moment.timestamp() * 1000)
+
+
+def validate_payload(spec: JobSpec, limits: Limits) -> None:
+    try:
+        encoded = json.dumps(spec.payload, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidJob(f"payload is not JSON: {exc}", field="payload") from None
+    if len(encoded.encode()) > limits.max_payload_bytes:
+        raise PayloadTooLarge(
+            f"payload is {len(encoded.encode())} bytes; the limit is {limits.max_payload_bytes}", field="payload"
+        )
+    if isinstance(spec.target, TaskTarget) and spec.payload is not None:
+        payload = spec.payload
+        if not isinstance(payload, dict) or set(payload) - {"args", "kwargs"}:
+            raise InvalidJob('a TASK payload is {"args": [...], "kwargs": {...}}', field="payload")
+        if not isinstance(payload.get("args", []), list) or not isinstance(payload.get("kwargs", {}), dict):
+            raise InvalidJob('a TASK payload is {"args": [...], "kwargs": {...}}', field="payload")
+
+
+def build_job(
+    spec: JobSpec, now_ms: int, limits: Limits, known_tasks: set[str] | None = None
+) -> tuple[Job, list[Run], int]:
+    """Validate `spec` and return the job, the runs to create with it, and the misfires counted.
+
+    `known_tasks`, when given, is every task name a worker or the caller registered; a TASK
+    target outside it is refused.
+    """
+    if isinstance(spec.target, TaskTarget) and known_tasks is not None and spec.target.task not in known_tasks:
+        hint = ", ".join(sorted(known_tasks)[:10]) or "none registered yet"
+        raise UnknownTask(
+            f"unknown task {spec.target.task!r}: no worker has registered it (known: {hint})", field="target.task"
+        )
+    validate_payload(spec, limits)
+    zone(spec.timezone)
+    kind = spec.schedule_type
+    if kind is ScheduleType.CRON:
+        if not spec.cron_expression:
+            raise ScheduleError("a CRON job needs cron_expression", field="cron_expression")
+        if spec.run_at is not None or spec.delay_seconds is not None:
+            raise ScheduleError("a CRON job takes no run_at or delay_seconds", field="run_at")
+        expression = parse_cron(spec.cron_expression, spec.cron_dialect).expression
+        schedule = Schedule(
+            type=kind, cron=expression, timezone=spec.timezone, dst_gap=spec.dst_gap, dst_overlap=spec.dst_overlap
+        )
+        first = cron_for(schedule).next_after(now_ms)
+    else:
+        if spec.cron_expression is not None:
+            raise ScheduleError(f"a {kind} job takes no cron_expression", field="cron_expression")
+        if kind is ScheduleType.IMMEDIATE:
+            if spec.run_at is not None or spec.delay_seconds is not None:
+                raise ScheduleError("an IMMEDIATE job takes no run_at or delay_seconds", field="run_at")
+            first = now_ms
+        elif (spec.run_at is None) == (spec.delay_seconds is None):
+            raise ScheduleError("a ONE_OFF job needs exactly one of run_at or delay_seconds", field="run_at")
+        elif spec.delay_seconds is not None:
+            first = now_ms + round(spec.delay_seconds * 1000)
+        else:
+            assert spec.run_at is not None
+            first = parse_instant(spec.run_at, spec.timezone)
+            if first < now_ms - spec.catchup_window_seconds * 1000:
+                raise MissedWindow(
+                    f"run_at is {(now_ms - first) / 1000:.0f} s in the past, beyond the catch-up window of "
+                    f"{spec.catchup_window_seconds} s",
+                    field="run_at",
+                )
+        schedule = Schedule(type=kind, at_ms=first, timezone=spec.timezone)
+    job = Job(
+        job_id=spec.job_id or new_job_id(now_ms),
+        tenant_id=spec.tenant_id,
+        name=spec.job_name or (spec.target.task if isinstance(spec.target, TaskTarget) else spec.target.endpoint),
+        target=spec.target,
+        payload=spec.payload,
+        schedule=schedule,
+        priority=spec.priority,
+        retry=spec.retry_policy,
+        misfire_policy=spec.misfire_policy,
+        catchup_window_s=spec.catchup_window_seconds,
+        overlap_policy=spec.overlap_policy,
+        jitter_s=spec.jitter_seconds,
+        timeout_s=spec.timeout_seconds,
+        next_fire_ms=first,
+        created_ms=now_ms,
+        updated_ms=now_ms,
+    )
+    return materialise(job, now_ms, limits)
+
+
+def new_run(job: Job, nominal_ms: int, now_ms: int, limits: Limits, prev_run_id: str | None = None) -> Run:
+    """The run of `job` firing at `nominal_ms`: due after its jitter, with its misfire deadline."""
+    skip_late = job.recurring and job.misfire_policy is MisfirePolicy.SKIP
+    window_ms = limits.misfire_threshold_ms if skip_late else job.catchup_window_s * 1000
+    return Run(
+        run_id=Run.make_id(job.job_id, nominal_ms),
+        job_id=job.job_id,
+        tenant_id=job.tenant_id,
+        nominal_ms=nominal_ms,
+        due_ms=nominal_ms + jitter_ms(job.job_id, nominal_ms, job.jitter_s),
+        priority=job.priority,
+        deadline_ms=nominal_ms + max(window_ms, limits.misfire_threshold_ms),
+        prev_run_id=prev_run_id,
+        created_ms=now_ms,
+        updated_ms=now_ms,
+    )
+
+
+def materialise(job: Job, now_ms: int, limits: Limits) -> tuple[Job, list[Run], int]:
+    """The job's runs due within the horizon, and the job advanced past them.
+
+    Idempotent: run ids derive from fire times, so doing it twice creates nothing new. Returns
+    (job, runs, misfires). A one-off found beyond its catch-up window becomes a FAILED run
+    (MISSED) on the dead-letter list."""
+    if job.next_fire_ms is None or job.status is not JobStatus.ACTIVE:
+        return job, [], 0
+    if not job.recurring:
+        if job.next_fire_ms > now_ms + limits.horizon_ms:
+            return job, [], 0
+        run = new_run(job, job.next_fire_ms, now_ms, limits)
+        missed = 0
+        if run.deadline_ms is not None and now_ms > run.deadline_ms:
+            missed = 1
+            run = run.model_copy(
+                update={
+                    "state": RunState.FAILED,
+                    "dead_letter": True,
+                    "finished_ms": now_ms,
+                    "last_error": "MISSED: the scheduler was down past the catch-up window",
+                }
+            )
+        status = JobStatus.COMPLETED if run.state is RunState.FAILED else job.status
+        advanced = job.model_copy(
+            update={"next_fire_ms": None, "last_run_id": run.run_id, "status": status, "updated_ms": now_ms}
+        )
+        return advanced, [run], missed
+    plan = plan_fires(job, now_ms, limits.horizon_ms, misfire_threshold_ms=limits.misfire_threshold_ms)
+    runs: list[Run] = []
+    prev = job.last_run_id
+    for nominal in plan.fires:
+        run = new_run(job, nominal, now_ms, limits, prev)
+        if nominal == plan.collapsed_into:
+            run = run.model_copy(
+                update={"deadline_ms": max(run.deadline_ms or 0, now_ms + limits.misfire_threshold_ms)}
+            )
+        runs.append(run)
+        prev = run.run_id
+    status = JobStatus.COMPLETED if plan.next_fire_ms is None else job.status
+    advanced = job.model_copy(
+        update={"next_fire_ms": plan.next_fire_ms, "last_run_id": prev, "status": status, "updated_ms": now_ms}
+    )
+    return advanced, runs, plan.missed
+
+
+def preview(job: Job, now_ms: int, n: int = 5) -> list[int]:
+    """The next `n` nominal fire times from now (for create/update responses and `status`)."""
+    if job.recurring:
+        return cron_for(job.schedule).fire_times(now_ms, n)
+    first = job.schedule.at_ms
+    return [first] if first is not None and n > 0 else []
+
+
+def resume_fire(job: Job, now_ms: int) -> int | None:
+    """Where a resumed job picks up: its next fire after now (fires during the pause are skipped)."""
+    if not job.recurring:
+        return job.next_fire_ms
+    upcoming = next_fire(job.schedule, now_ms)
+    if job.next_fire_ms is None or upcoming is None:
+        return upcoming
+    return max(job.next_fire_ms, upcoming)

@@ -1,0 +1,96 @@
+"""Registered task functions, and the context a running task can read.
+
+@app.task(name="billing.aggregate", priority="HIGH", retry=RetryPolicy(max_retries=5))
+def aggregate(cycle: str) -> None:
+    ctx = jobq.current_context()      # run_id, attempt, fence, lease_lost
+"""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from jobq.models import Priority, RetryPolicy
+
+_current: contextvars.ContextVar[TaskContext | None] = contextvars.ContextVar("jobq_task_context", default=None)
+
+
+@dataclass
+class TaskContext:
+    """What a running task knows about its run. Pass `fence` to downstream writes so a stale
+    attempt cannot overwrite a newer one; stop early when `lease_lost` is set."""
+
+    run_id: str
+    job_id: str
+    attempt: int
+    fence: int
+    task: str
+    worker_id: str
+    lease_lost: threading.Event = field(default_factory=threading.Event)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def should_stop(self) -> bool:
+        return self.lease_lost.is_set() or self.cancelled.is_set()
+
+
+def current_context() -> TaskContext:
+    """The context of the task running in this thread; raises outside a task."""
+    ctx = _current.get()
+    if ctx is None:
+        raise RuntimeError("current_context() is only available inside a running jobq task")
+    return ctx
+
+
+def bind_context(ctx: TaskContext | None) -> contextvars.Token[TaskContext | None]:
+    return _current.set(ctx)
+
+
+def reset_context(token: contextvars.Token[TaskContext | None]) -> None:
+    _current.reset(token)
+
+
+@dataclass(frozen=True)
+class TaskDef:
+    name: str
+    fn: Callable[..., Any]
+    priority: Priority = Priority.DEFAULT
+    retry: RetryPolicy | None = None  # None: the job's (default) policy
+    timeout_s: float | None = None
+    bind: bool = False  # pass the TaskContext as the first argument
+
+    def call(self, ctx: TaskContext, args: list[Any], kwargs: dict[str, Any]) -> Any:
+        token = bind_context(ctx)
+        try:
+            return self.fn(ctx, *args, **kwargs) if self.bind else self.fn(*args, **kwargs)
+        finally:
+            reset_context(token)
+
+
+class TaskRegistry:
+    def __init__(self) -> None:
+        self._tasks: dict[str, TaskDef] = {}
+        self._lock = threading.Lock()
+
+    def add(self, task: TaskDef) -> None:
+        with self._lock:
+            existing = self._tasks.get(task.name)
+            if existing is not None and existing.fn is not task.fn:
+                if getattr(existing.fn, "__qualname__", None) != getattr(task.fn, "__qualname__", None):
+                    raise ValueError(f"task name {task.name!r} is already registered to {existing.fn!r}")
+            self._tasks[task.name] = task
+
+    def get(self, name: str) -> TaskDef | None:
+        return self._tasks.get(name)
+
+    def names(self) -> set[str]:
+        return set(self._tasks)
+
+    def __iter__(self) -> Iterator[TaskDef]:
+        return iter(list(self._tasks.values()))
+
+    def __len__(self) -> int:
+        return len(self._tasks)

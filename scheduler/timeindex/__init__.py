@@ -1,0 +1,1 @@
+"""`TimeIndex` backends: memory, sqlite (a view of the store's runs table); redis at scale."""

@@ -1,0 +1,125 @@
+"""The composition root: the only module that maps URLs to concrete backends.
+
+Optional backends are imported here, lazily, so that a missing extra is one clear error
+naming it (`pip install 'jobq[redis]'`) and never an ImportError at import time.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import ModuleType
+from urllib.parse import urlsplit
+
+from jobq.clock import SYSTEM_CLOCK, Clock
+from jobq.errors import ConfigError, MissingExtra
+from jobq.ports import HistorySink, JobStore, TimeIndex, Transport
+from jobq.settings import Settings
+from jobq.sqlitedb import SqliteDatabase, path_from_url
+
+
+_Opener = Callable[[str], SqliteDatabase]
+
+
+def require(module: str, extra: str, feature: str) -> ModuleType:
+    """Import `module` or raise `MissingExtra` naming the extra that installs it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise MissingExtra(feature, extra, module.split(".", maxsplit=1)[0]) from None
+
+
+@dataclass
+class Deployment:
+    """The four ports, built from settings; daemons and clients receive this."""
+
+    settings: Settings
+    store: JobStore
+    index: TimeIndex
+    transport: Transport
+    history: HistorySink
+    clock: Clock = SYSTEM_CLOCK
+
+    def close(self) -> None:
+        for part in (self.history, self.transport, self.index, self.store):
+            part.close()
+
+
+def connect(settings: Settings, clock: Clock = SYSTEM_CLOCK) -> Deployment:
+    databases: dict[str, SqliteDatabase] = {}
+
+    def sqlite(url: str) -> SqliteDatabase:
+        path = path_from_url(url)
+        if path not in databases:
+            databases[path] = SqliteDatabase(path)
+        return databases[path]
+
+    store = _store(settings.store_url, sqlite)
+    index = _index(settings.index, store, sqlite)
+    transport = _transport(settings, sqlite, clock)
+    history = _history(settings.history, sqlite, settings.history_flush_s)
+    return Deployment(settings, store, index, transport, history, clock)
+
+
+def _scheme(url: str) -> str:
+    return urlsplit(url).scheme.lower()
+
+
+def _store(url: str, sqlite: _Opener) -> JobStore:
+    scheme = _scheme(url)
+    if scheme == "sqlite":
+        from jobq.store.sqlite import SqliteStore
+
+        return SqliteStore(sqlite(url))
+    if scheme == "memory":
+        from jobq.store.memory import MemoryStore
+
+        return MemoryStore()
+    raise ConfigError("store", url, "unsupported store URL; use sqlite:///path.db or memory://")
+
+
+def _index(url: str, store: JobStore, sqlite: _Opener) -> TimeIndex:
+    scheme = _scheme(url)
+    if scheme == "sqlite":
+        from jobq.store.sqlite import SqliteStore
+        from jobq.timeindex.sqlite import SqliteTimeIndex
+
+        if not isinstance(store, SqliteStore) or store.db is not sqlite(url):
+            raise ConfigError("index", url, "the sqlite index is a view of the sqlite store: give both the same URL")
+        return SqliteTimeIndex(store)
+    if scheme == "memory":
+        from jobq.timeindex.memory import MemoryTimeIndex
+
+        return MemoryTimeIndex()
+    raise ConfigError("index", url, "unsupported index URL; use the store's sqlite URL or memory://")
+
+
+def _transport(settings: Settings, sqlite: _Opener, clock: Clock) -> Transport:
+    url = settings.broker
+    scheme = _scheme(url)
+    if scheme == "sqlite":
+        from jobq.transport.sqlite import SqliteTransport
+
+        return SqliteTransport(sqlite(url), visibility_timeout_s=settings.visibility_timeout_s, clock=clock)
+    if scheme == "memory":
+        from jobq.transport.memory import MemoryTransport
+
+        return MemoryTransport(visibility_timeout_s=settings.visibility_timeout_s, clock=clock)
+    raise ConfigError("broker", url, "unsupported broker URL; use sqlite:///path.db or memory://")
+
+
+def _history(url: str, sqlite: _Opener, flush_s: float) -> HistorySink:
+    from jobq.history.buffered import BufferedHistory
+
+    scheme = _scheme(url)
+    if scheme == "sqlite":
+        from jobq.history.sqlite import SqliteHistory
+
+        sink = SqliteHistory(sqlite(url))
+        return BufferedHistory(sink, interval_s=flush_s) if flush_s > 0 else sink
+    if scheme == "memory":
+        from jobq.history.memory import MemoryHistory
+
+        return MemoryHistory()
+    raise ConfigError("history", url, "unsupported history URL; use sqlite:///path.db or memory://")

@@ -1,0 +1,29 @@
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from jobq.clock import ManualClock
+
+sys.path.insert(0, str(Path(__file__).parent))  # tests import `factories`
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    from factories import T0
+
+    return ManualClock(T0)
+
+
+@pytest.fixture
+def db_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'jobq.db'}"
+
+
+def pytest_report_header() -> list[str]:
+    return [f"CI={os.environ.get('CI', '')!r}"]

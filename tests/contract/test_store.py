@@ -1,0 +1,304 @@
+"""The JobStore contract: every backend must pass every test here against its real server."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from factories import T0, make_job, make_run
+
+from jobq.errors import Conflict, DuplicateJob, IdempotencyConflict, JobNotFound
+from jobq.models import IdempotencyRecord, JobStatus, Priority, RunState, Transition
+from jobq.ports import JobQuery, JobStore, RunQuery
+from jobq.sqlitedb import SqliteDatabase
+from jobq.store.memory import MemoryStore
+from jobq.store.sqlite import SqliteStore
+
+
+def _memory(tmp_path: Path) -> JobStore:
+    return MemoryStore()
+
+
+def _sqlite(tmp_path: Path) -> JobStore:
+    return SqliteStore(SqliteDatabase(tmp_path / "store.db"))
+
+
+# Backends register here; the production backends add theirs (with a skip when the server is absent).
+STORES: dict[str, Callable[[Path], JobStore]] = {"memory": _memory, "sqlite": _sqlite}
+
+
+@pytest.fixture(params=sorted(STORES))
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[JobStore]:
+    backend = STORES[request.param](tmp_path)
+    yield backend
+    backend.close()
+
+
+S = RunState
+
+
+def _move(store: JobStore, run_id: str, expect: set[RunState], to: RunState, fence: int | None, **changes: object):
+    return store.transition([Transition(run_id, frozenset(expect), to, fence, changes, at_ms=T0 + 1)])[0]
+
+
+def idem(key: str = "k1", fingerprint: str = "f1", job_id: str = "job_1", expires_ms: int = T0 + 86_400_000):
+    return IdempotencyRecord(
+        tenant_id="default",
+        key=key,
+        fingerprint=fingerprint,
+        job_id=job_id,
+        created_ms=T0,
+        expires_ms=expires_ms,
+        response='{"job_id": "%s"}' % job_id,
+    )
+
+
+class TestJobs:
+    def test_a_created_job_can_be_read_back(self, store: JobStore) -> None:
+        store.create_job(make_job("job_1", payload={"args": [1], "kwargs": {"a": "b"}}), [])
+        job = store.get_jobs(["job_1"])["job_1"]
+        assert job.payload == {"args": [1], "kwargs": {"a": "b"}}
+        assert job.schedule.at_ms == T0
+
+    def test_the_first_runs_are_written_with_the_job(self, store: JobStore) -> None:
+        store.create_job(make_job("job_1"), [make_run("job_1")])
+        assert list(store.get_runs([f"job_1:{T0}"])) == [f"job_1:{T0}"]
+
+    def test_a_duplicate_job_id_is_refused_and_writes_nothing(self, store: JobStore) -> None:
+        store.create_job(make_job("job_1", name="first"), [])
+        with pytest.raises(DuplicateJob):
+            store.create_job(make_job("job_1", name="second"), [make_run("job_1", T0 + 5)])
+        assert store.get_jobs(["job_1"])["job_1"].name == "first"
+        assert store.get_runs([f"job_1:{T0 + 5}"]) == {}
+
+    def test_the_same_idempotency_key_and_body_returns_the_original_job(self, store: JobStore) -> None:
+        first = store.create_job(make_job("job_1"), [make_run("job_1")], idem(job_id="job_1"))
+        again = store.create_job(make_job("job_2"), [make_run("job_2")], idem(job_id="job_2"))
+        assert first.created and not again.created
+        assert again.job.job_id == "job_1"
+        assert again.response == '{"job_id": "job_1"}'
+        assert store.get_jobs(["job_2"]) == {}
+        assert store.get_runs([f"job_2:{T0}"]) == {}
+
+    def test_the_same_idempotency_key_with_another_body_is_a_conflict(self, store: JobStore) -> None:
+        store.create_job(make_job("job_1"), [], idem(fingerprint="f1"))
+        with pytest.raises(IdempotencyConflict):
+            store.create_job(make_job("job_2"), [], idem(fingerprint="f2", job_id="job_2"))
+        assert store.get_jobs(["job_2"]) == {}
+
+    def test_an_expired_idempotency_key_may_be_used_again(self, store: JobStore) -> None:
+        store.create_job(make_job("job_1"), [], idem(expires_ms=T0 - 1))
+        assert store.create_job(make_job("job_2"), [], idem(job_id="job_2")).created
+        record = store.idempotency("default", "k1", T0)
+        assert record is not None and record.job_id == "job_2"
+
+    def test_idempotency_keys_are_per_tenant(self, store: JobStore) -> None:
+        store.create_job(make_job("job_1"), [], idem())
+        other = idem(job_id="job_2").model_copy(update={"tenant_id": "other"})
+        assert store.create_job(make_job("job_2", tenant_id="other"), [], other).created
+
+    def test_update_is_a_compare_and_set_on_version(self, store: JobStore) -> None:
+        store.create_job(make_job("job_1"), [])
+        job = store.get_jobs(["job_1"])["job_1"]
+        updated = store.update_job(job.model_copy(update={"status": JobStatus.PAUSED}))
+        assert updated.version == job.version + 1
+        with pytest.raises(Conflict):
+            store.update_job(job.model_copy(update={"status": JobStatus.CANCELLED}))
+        assert store.get_jobs(["job_1"])["job_1"].status is JobStatus.PAUSED
+
+    def test_updating_a_missing_job_raises_not_found(self, store: JobStore) -> None:
+        with pytest.raises(JobNotFound):
+            store.update_job(make_job("job_missing"))
+
+    def test_due_jobs_are_active_jobs_with_a_fire_time_before_the_bound(self, store: JobStore) -> None:
+        store.create_job(make_job("job_a", next_fire_ms=T0 + 10), [])
+        store.create_job(make_job("job_b", next_fire_ms=T0 + 5), [])
+        store.create_job(make_job("job_c", next_fire_ms=T0 + 50), [])
+        store.create_job(make_job("job_d", next_fire_ms=T0, status=JobStatus.PAUSED), [])
+        store.create_job(make_job("job_e", next_fire_ms=None), [])
+        assert [j.job_id for j in store.due_jobs(T0 + 10, 100)] == ["job_b", "job_a"]
+        assert [j.job_id for j in store.due_jobs(T0 + 10, 1)] == ["job_b"]
+
+    def test_list_jobs_filters_by_tenant_status_priority_and_name_prefix(self, store: JobStore) -> None:
+        store.create_job(make_job("job_1", name="billing.run", priority=Priority.HIGH), [])
+        store.create_job(make_job("job_2", name="billing.audit", status=JobStatus.PAUSED), [])
+        store.create_job(make_job("job_3", name="mail.send", tenant_id="t2"), [])
+        ids = lambda q: [j.job_id for j in store.list_jobs(q).items]  # noqa: E731
+        assert ids(JobQuery(name_prefix="billing.")) == ["job_1", "job_2"]
+        assert ids(JobQuery(status=JobStatus.PAUSED)) == ["job_2"]
+        assert ids(JobQuery(priority=Priority.HIGH)) == ["job_1"]
+        assert ids(JobQuery(tenant_id="t2")) == ["job_3"]
+        assert ids(JobQuery(name_prefix="bill%")) == []
+
+    def test_list_jobs_pages_cover_every_job_once(self, store: JobStore) -> None:
+        for i in range(7):
+            store.create_job(make_job(f"job_{i}"), [])
+        seen, cursor = [], None
+        while True:
+            page = store.list_jobs(JobQuery(cursor=cursor, limit=3))
+            seen += [j.job_id for j in page.items]
+            if page.next_cursor is None:
+                break
+            cursor = page.next_cursor
+        assert seen == [f"job_{i}" for i in range(7)]
+
+
+class TestRuns:
+    def test_adding_runs_is_idempotent_and_returns_only_new_ones(self, store: JobStore) -> None:
+        assert len(store.add_runs([make_run("job_1", T0), make_run("job_1", T0 + 1000)])) == 2
+        added = store.add_runs([make_run("job_1", T0, attempt=9), make_run("job_1", T0 + 2000)])
+        assert [r.run_id for r in added] == [f"job_1:{T0 + 2000}"]
+        assert store.get_runs([f"job_1:{T0}"])[f"job_1:{T0}"].attempt == 1
+
+    def test_claim_takes_due_scheduled_runs_and_bumps_the_fence(self, store: JobStore) -> None:
+        store.add_runs([make_run("job_1", T0), make_run("job_2", T0 + 10_000)])
+        claimed = store.claim([f"job_1:{T0}", f"job_2:{T0 + 10_000}", "job_9:1"], T0, "scanner-1", 5000)
+        assert [r.run_id for r in claimed] == [f"job_1:{T0}"]
+        run = claimed[0]
+        assert (run.state, run.fence, run.lease_owner, run.lease_expires_ms) == (S.CLAIMED, 1, "scanner-1", T0 + 5000)
+        assert run.version == 1
+
+    def test_a_run_is_claimed_once(self, store: JobStore) -> None:
+        store.add_runs([make_run("job_1")])
+        assert len(store.claim([f"job_1:{T0}"], T0, "a", 5000)) == 1
+        assert store.claim([f"job_1:{T0}"], T0, "b", 5000) == []
+
+    def test_concurrent_claimers_take_each_run_exactly_once(self, store: JobStore) -> None:
+        ids = [f"job_1:{T0 + i}" for i in range(200)]
+        store.add_runs([make_run("job_1", T0 + i) for i in range(200)])
+        got: list[list[str]] = [[] for _ in range(4)]
+
+        def claimer(n: int) -> None:
+            for start in range(0, 200, 20):
+                got[n] += [r.run_id for r in store.claim(ids[start : start + 20], T0 + 1000, f"s{n}", 5000)]
+
+        threads = [threading.Thread(target=claimer, args=(n,)) for n in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        everything = [r for g in got for r in g]
+        assert sorted(everything) == sorted(ids)
+
+    def test_a_transition_applies_when_state_and_fence_match(self, store: JobStore) -> None:
+        store.add_runs([make_run("job_1", fence=4, state=S.DISPATCHED)])
+        run = _move(
+            store,
+            f"job_1:{T0}",
+            {S.CLAIMED, S.DISPATCHED},
+            S.RUNNING,
+            4,
+            lease_owner="w1",
+            lease_expires_ms=T0 + 30_000,
+            started_ms=T0,
+        )
+        assert run is not None
+        assert (run.state, run.fence, run.lease_owner, run.started_ms, run.version) == (S.RUNNING, 4, "w1", T0, 1)
+        assert run.updated_ms == T0 + 1
+
+    def test_a_transition_is_rejected_when_the_fence_moved(self, store: JobStore) -> None:
+        store.add_runs([make_run("job_1", fence=5, state=S.RUNNING)])
+        assert _move(store, f"job_1:{T0}", {S.RUNNING}, S.SUCCEEDED, 4) is None
+        assert store.get_runs([f"job_1:{T0}"])[f"job_1:{T0}"].state is S.RUNNING
+
+    def test_a_transition_is_rejected_when_the_state_moved(self, store: JobStore) -> None:
+        store.add_runs([make_run("job_1", fence=5, state=S.CANCELLED)])
+        assert _move(store, f"job_1:{T0}", {S.RUNNING}, S.SUCCEEDED, 5) is None
+
+    def test_a_transition_can_require_the_lease_owner(self, store: JobStore) -> None:
+        store.add_runs([make_run("job_1", fence=1, state=S.RUNNING, lease_owner="w1")])
+        t = Transition(f"job_1:{T0}", frozenset({S.RUNNING}), S.RUNNING, 1, {"lease_expires_ms": 9}, expect_owner="w2")
+        assert store.transition([t]) == [None]
+
+    def test_a_transition_of_a_missing_run_is_rejected(self, store: JobStore) -> None:
+        assert _move(store, "job_x:1", {S.RUNNING}, S.SUCCEEDED, 1) is None
+
+    def test_bump_fence_and_changes_apply_in_the_same_write(self, store: JobStore) -> None:
+        store.add_runs([make_run("job_1", fence=2, state=S.RUNNING)])
+        t = Transition(
+            f"job_1:{T0}",
+            frozenset({S.RUNNING}),
+            S.FAILED,
+            2,
+            {"dead_letter": True, "last_error": "boom", "result": {"status": 500, "body": "x"}},
+            bump_fence=True,
+            at_ms=T0 + 7,
+        )
+        [run] = store.transition([t])
+        assert run is not None
+        assert (run.fence, run.dead_letter, run.last_error) == (3, True, "boom")
+        stored = store.get_runs([f"job_1:{T0}"])[f"job_1:{T0}"]
+        assert stored.result == {"status": 500, "body": "x"} and stored.dead_letter
+
+    def test_a_batch_reports_each_transition_on_its_own(self, store: JobStore) -> None:
+        store.add_runs([make_run("job_1", fence=1, state=S.CLAIMED), make_run("job_2", fence=1, state=S.CLAIMED)])
+        out = store.transition(
+            [
+                Transition(f"job_1:{T0}", frozenset({S.CLAIMED}), S.DISPATCHED, 1),
+                Transition(f"job_2:{T0}", frozenset({S.CLAIMED}), S.DISPATCHED, 7),
+            ]
+        )
+        assert out[0] is not None and out[0].state is S.DISPATCHED
+        assert out[1] is None
+
+    def test_expired_leases_lists_leased_runs_whose_lease_ran_out(self, store: JobStore) -> None:
+        store.add_runs(
+            [
+                make_run("job_1", state=S.RUNNING, lease_expires_ms=T0 - 10),
+                make_run("job_2", state=S.DISPATCHED, lease_expires_ms=T0 - 20),
+                make_run("job_3", state=S.CLAIMED, lease_expires_ms=T0 + 10),
+                make_run("job_4", state=S.SUCCEEDED, lease_expires_ms=T0 - 10),
+            ]
+        )
+        assert [r.job_id for r in store.expired_leases(T0, 10)] == ["job_2", "job_1"]
+
+    def test_overdue_runs_come_critical_first_then_by_due_time(self, store: JobStore) -> None:
+        store.add_runs(
+            [
+                make_run("job_low", T0 - 50, priority=Priority.LOW),
+                make_run("job_def", T0 - 10, priority=Priority.DEFAULT),
+                make_run("job_crit", T0, priority=Priority.CRITICAL),
+                make_run("job_def2", T0 - 20, priority=Priority.DEFAULT),
+                make_run("job_future", T0 + 1, priority=Priority.CRITICAL),
+            ]
+        )
+        assert [r.job_id for r in store.overdue_runs(T0, 10)] == ["job_crit", "job_def2", "job_def", "job_low"]
+        assert [r.job_id for r in store.overdue_runs(T0, 2)] == ["job_crit", "job_def2"]
+
+    def test_list_runs_filters_and_pages_newest_first(self, store: JobStore) -> None:
+        store.add_runs(
+            [
+                make_run("job_1", T0 + i, state=S.FAILED if i % 2 else S.SUCCEEDED, dead_letter=bool(i % 2))
+                for i in range(5)
+            ]
+        )
+        store.add_runs([make_run("job_2", T0)])
+        page = store.list_runs(RunQuery(job_id="job_1", limit=2))
+        assert [r.nominal_ms for r in page.items] == [T0 + 4, T0 + 3]
+        rest = store.list_runs(RunQuery(job_id="job_1", cursor=page.next_cursor, limit=10))
+        assert [r.nominal_ms for r in rest.items] == [T0 + 2, T0 + 1, T0]
+        assert rest.next_cursor is None
+        dead = store.list_runs(RunQuery(dead_letter=True))
+        assert [r.nominal_ms for r in dead.items] == [T0 + 3, T0 + 1]
+        assert len(store.list_runs(RunQuery(states=frozenset({S.SCHEDULED}))).items) == 1
+
+
+class TestWorkers:
+    def test_known_tasks_are_the_union_of_registered_workers(self, store: JobStore) -> None:
+        assert store.known_tasks() == set()
+        store.register_worker("w1", ["a.one", "a.two"], ["default"], T0)
+        store.register_worker("w2", ["b.three"], ["low"], T0)
+        store.register_worker("w1", ["a.one", "a.two"], ["default"], T0 + 1)
+        assert store.known_tasks() == {"a.one", "a.two", "b.three"}
+
+
+def test_sqlite_store_persists_across_reopening(tmp_path: Path) -> None:
+    first = SqliteStore(SqliteDatabase(tmp_path / "s.db"))
+    first.create_job(make_job("job_1"), [make_run("job_1")])
+    first.close()
+    second = SqliteStore(SqliteDatabase(tmp_path / "s.db"))
+    assert set(second.get_jobs(["job_1"])) == {"job_1"}
+    assert set(second.get_runs([f"job_1:{T0}"])) == {f"job_1:{T0}"}
+    second.close()
