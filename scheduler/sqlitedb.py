@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from jobq.errors import ConfigError, StoreUnavailable
+from jobq.errors import ConfigError, StoreError, StoreUnavailable
 
 _PRAGMAS = (
     # Readers never block the writer and the writer never blocks readers; survives kill -9.
@@ -35,7 +35,9 @@ _PRAGMAS = (
 
 
 def path_from_url(url: str) -> str:
-    """`sqlite:///jobq.db` (relative), `sqlite:////abs/jobq.db`, or `sqlite://:memory:`-free paths."""
+    """The file path of `sqlite:///relative/jobq.db` or `sqlite:////absolute/jobq.db`.
+
+    In-memory databases are refused: the embedded backends are shared by several processes."""
     parts = urlsplit(url)
     if parts.scheme != "sqlite":
         raise ConfigError("url", url, "expected a sqlite:/// URL")
@@ -55,7 +57,7 @@ class SqliteDatabase:
         parent = Path(self.path).parent
         parent.mkdir(parents=True, exist_ok=True)
         self._local = threading.local()
-        self._all: list[sqlite3.Connection] = []
+        self._by_thread: dict[threading.Thread, sqlite3.Connection] = {}
         self._all_lock = threading.Lock()
         self._closed = False
 
@@ -71,33 +73,46 @@ class SqliteDatabase:
             conn = self._connect()
             self._local.conn = conn
             with self._all_lock:
-                self._all.append(conn)
+                # Close the connections of threads that have ended, so short-lived threads do not
+                # accumulate open files.
+                for thread in [t for t in self._by_thread if not t.is_alive()]:
+                    with contextlib.suppress(sqlite3.Error):
+                        self._by_thread.pop(thread).close()
+                self._by_thread[threading.current_thread()] = conn
         return conn
 
     def _connect(self) -> sqlite3.Connection:
         try:
             # isolation_level=None: we issue BEGIN/COMMIT ourselves.
             conn = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
+        except sqlite3.Error as exc:
+            raise StoreUnavailable(f"cannot open {self.path}: {exc}") from exc
+        try:
             conn.row_factory = sqlite3.Row
             for pragma in _PRAGMAS:
-                _retry_locked(lambda p=pragma: conn.execute(p))  # type: ignore[misc]
+                _retry_locked(lambda p=pragma: conn.execute(p))
             return conn
         except sqlite3.Error as exc:
+            conn.close()
             raise StoreUnavailable(f"cannot open {self.path}: {exc}") from exc
 
     @contextlib.contextmanager
     def write(self) -> Iterator[sqlite3.Connection]:
         """A write transaction: `BEGIN IMMEDIATE` takes the write lock up front; commit or roll back."""
         conn = self.connection()
+        if conn.in_transaction:
+            raise RuntimeError("nested write transaction on one thread: a bug in the caller")
         try:
             _retry_locked(lambda: conn.execute("BEGIN IMMEDIATE"))
         except sqlite3.Error as exc:
             raise StoreUnavailable(f"{self.path}: {exc}") from exc
         try:
             yield conn
-        except BaseException:
+        except BaseException as exc:
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("ROLLBACK")
+            if isinstance(exc, sqlite3.Error):
+                raise _translate(self.path, exc) from exc
             raise
         try:
             conn.execute("COMMIT")
@@ -109,8 +124,8 @@ class SqliteDatabase:
     def read(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
         try:
             return self.connection().execute(sql, params).fetchall()
-        except sqlite3.OperationalError as exc:
-            raise StoreUnavailable(f"{self.path}: {exc}") from exc
+        except sqlite3.Error as exc:
+            raise _translate(self.path, exc) from exc
 
     def executescript(self, script: str) -> None:
         conn = self.connection()
@@ -122,10 +137,10 @@ class SqliteDatabase:
     def close(self) -> None:
         self._closed = True
         with self._all_lock:
-            for conn in self._all:
+            for conn in self._by_thread.values():
                 with contextlib.suppress(sqlite3.Error):
                     conn.close()
-            self._all.clear()
+            self._by_thread.clear()
         self._local = threading.local()
 
 
@@ -140,6 +155,13 @@ def _retry_locked(op: Any, attempts: int = 50) -> Any:
                 raise
             time.sleep(min(0.001 * 2**attempt, 0.1))
     return None
+
+
+def _translate(path: str, exc: sqlite3.Error) -> StoreError:
+    """Locks and I/O are worth retrying; anything else (a closed handle, a constraint) is not."""
+    if isinstance(exc, sqlite3.OperationalError):
+        return StoreUnavailable(f"{path}: {exc}")
+    return StoreError(f"{path}: {exc}")
 
 
 def placeholders(n: int) -> str:

@@ -20,10 +20,5 @@ def clock() -> ManualClock:
     return ManualClock(T0)
 
 
-@pytest.fixture
-def db_url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'jobq.db'}"
-
-
 def pytest_report_header() -> list[str]:
     return [f"CI={os.environ.get('CI', '')!r}"]

@@ -1,0 +1,317 @@
+"""The `Transport` contract, run against every backend.
+
+A backend joins the suite by adding a factory to `BACKENDS`: a context manager that yields a
+transport with the given visibility timeout and cleans up after it (a backend needing a server
+skips when none is reachable).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from jobq.ports import Delivery, Transport
+from jobq.sqlitedb import SqliteDatabase
+from jobq.transport.memory import MemoryTransport
+from jobq.transport.sqlite import SqliteTransport
+
+QUEUES = ["critical", "high", "default", "low"]
+
+# Long enough that no test sees a redelivery it did not ask for.
+DEFAULT_VISIBILITY_S = 30.0
+# Short enough to keep redelivery tests fast, long enough to act on a delivery before it returns.
+SHORT_VISIBILITY_S = 0.2
+
+
+@contextlib.contextmanager
+def memory_backend(tmp_path: Path, visibility_timeout_s: float) -> Iterator[Transport]:
+    transport = MemoryTransport(visibility_timeout_s=visibility_timeout_s)
+    yield transport
+    transport.close()
+
+
+@contextlib.contextmanager
+def sqlite_backend(tmp_path: Path, visibility_timeout_s: float) -> Iterator[Transport]:
+    db = SqliteDatabase(tmp_path / "jobq.db")
+    transport = SqliteTransport(db, visibility_timeout_s=visibility_timeout_s)
+    yield transport
+    transport.close()
+    db.close()
+
+
+BackendFactory = Callable[[Path, float], contextlib.AbstractContextManager[Transport]]
+
+BACKENDS: dict[str, BackendFactory] = {
+    "memory": memory_backend,
+    "sqlite": sqlite_backend,
+}
+
+
+@pytest.fixture
+def visibility_timeout_s() -> float:
+    """Overridden per test with `@pytest.mark.parametrize("visibility_timeout_s", [...])`."""
+    return DEFAULT_VISIBILITY_S
+
+
+@pytest.fixture(params=list(BACKENDS))
+def transport(request: pytest.FixtureRequest, tmp_path: Path, visibility_timeout_s: float) -> Iterator[Transport]:
+    with BACKENDS[request.param](tmp_path, visibility_timeout_s) as transport:
+        yield transport
+
+
+short_visibility = pytest.mark.parametrize("visibility_timeout_s", [SHORT_VISIBILITY_S])
+
+
+def bodies(deliveries: list[Delivery]) -> list[bytes]:
+    return [d.body for d in deliveries]
+
+
+def consume_one(transport: Transport, queues: list[str], wait_s: float = 0.0) -> Delivery:
+    deliveries = transport.consume(queues, max_messages=1, wait_s=wait_s)
+    assert len(deliveries) == 1, deliveries
+    return deliveries[0]
+
+
+# --- publish and consume
+
+
+def test_publish_then_consume_returns_the_body(transport: Transport) -> None:
+    transport.publish("default", [b"hello"])
+
+    delivery = consume_one(transport, ["default"])
+
+    assert delivery.queue == "default"
+    assert delivery.body == b"hello"
+    assert delivery.delivery_count == 1
+
+
+def test_a_queue_is_consumed_in_publish_order(transport: Transport) -> None:
+    transport.publish("default", [b"1", b"2", b"3"])
+    transport.publish("default", [b"4", b"5"])
+
+    assert bodies(transport.consume(["default"], max_messages=10, wait_s=0)) == [b"1", b"2", b"3", b"4", b"5"]
+
+
+def test_messages_of_another_queue_are_not_consumed(transport: Transport) -> None:
+    transport.publish("high", [b"h"])
+
+    assert transport.consume(["default"], max_messages=10, wait_s=0) == []
+
+
+def test_earlier_queues_are_drained_before_later_ones(transport: Transport) -> None:
+    transport.publish("low", [b"low-1", b"low-2"])
+    transport.publish("critical", [b"critical-1"])
+
+    first = consume_one(transport, QUEUES)
+    second = consume_one(transport, QUEUES)
+
+    assert (first.queue, first.body) == ("critical", b"critical-1")
+    assert (second.queue, second.body) == ("low", b"low-1")
+
+
+def test_a_batch_takes_every_visible_message_of_an_earlier_queue_before_a_later_one(transport: Transport) -> None:
+    transport.publish("low", [b"low-1", b"low-2"])
+    transport.publish("critical", [b"critical-1", b"critical-2"])
+
+    deliveries = transport.consume(QUEUES, max_messages=3, wait_s=0)
+
+    assert [(d.queue, d.body) for d in deliveries] == [
+        ("critical", b"critical-1"),
+        ("critical", b"critical-2"),
+        ("low", b"low-1"),
+    ]
+
+
+def test_a_consumer_of_low_only_never_sees_critical(transport: Transport) -> None:
+    transport.publish("critical", [b"critical-1"])
+    transport.publish("low", [b"low-1"])
+
+    deliveries = transport.consume(["low"], max_messages=10, wait_s=0)
+
+    assert [(d.queue, d.body) for d in deliveries] == [("low", b"low-1")]
+    assert transport.consume(["low"], max_messages=10, wait_s=0) == []
+
+
+def test_consume_returns_at_most_max_messages(transport: Transport) -> None:
+    transport.publish("default", [str(i).encode() for i in range(10)])
+
+    assert bodies(transport.consume(["default"], max_messages=3, wait_s=0)) == [b"0", b"1", b"2"]
+    assert bodies(transport.consume(["default"], max_messages=3, wait_s=0)) == [b"3", b"4", b"5"]
+
+
+def test_each_delivery_has_its_own_receipt(transport: Transport) -> None:
+    transport.publish("default", [b"a", b"b", b"c"])
+
+    deliveries = transport.consume(["default"], max_messages=3, wait_s=0)
+
+    assert len({d.receipt for d in deliveries}) == 3
+
+
+# --- visibility timeout, ack, nack, extend
+
+
+def test_a_delivery_is_invisible_to_other_consumers_until_its_timeout(transport: Transport) -> None:
+    transport.publish("default", [b"job"])
+    consume_one(transport, ["default"])
+
+    assert transport.consume(["default"], max_messages=1, wait_s=0) == []
+
+
+@short_visibility
+def test_an_unacked_delivery_comes_back_after_the_visibility_timeout(transport: Transport) -> None:
+    transport.publish("default", [b"job"])
+    first = consume_one(transport, ["default"])
+
+    again = consume_one(transport, ["default"], wait_s=SHORT_VISIBILITY_S * 10)
+
+    assert again.body == b"job"
+    assert again.delivery_count == 2
+    assert again.receipt != first.receipt
+
+
+@short_visibility
+def test_an_acked_message_never_comes_back(transport: Transport) -> None:
+    transport.publish("default", [b"job"])
+    transport.ack([consume_one(transport, ["default"])])
+
+    assert transport.consume(["default"], max_messages=1, wait_s=SHORT_VISIBILITY_S * 2) == []
+    assert transport.depth("default") == 0
+
+
+@short_visibility
+def test_acking_a_stale_receipt_after_redelivery_keeps_the_redelivered_message(transport: Transport) -> None:
+    transport.publish("default", [b"job"])
+    stale = consume_one(transport, ["default"])
+    current = consume_one(transport, ["default"], wait_s=SHORT_VISIBILITY_S * 10)
+
+    transport.ack([stale])
+
+    assert transport.depth("default") == 1
+    transport.ack([current])
+    assert transport.depth("default") == 0
+
+
+def test_acking_twice_is_harmless(transport: Transport) -> None:
+    transport.publish("default", [b"job", b"other"])
+    delivery = consume_one(transport, ["default"])
+
+    transport.ack([delivery])
+    transport.ack([delivery])
+
+    assert transport.depth("default") == 1
+
+
+def test_a_nacked_message_is_delivered_again_at_once(transport: Transport) -> None:
+    transport.publish("default", [b"job"])
+    transport.nack([consume_one(transport, ["default"])])
+
+    again = consume_one(transport, ["default"])
+
+    assert again.body == b"job"
+    assert again.delivery_count == 2
+
+
+def test_a_nacked_message_stays_invisible_for_the_delay(transport: Transport) -> None:
+    transport.publish("default", [b"job"])
+    transport.nack([consume_one(transport, ["default"])], delay_s=0.3)
+
+    assert transport.consume(["default"], max_messages=1, wait_s=0.1) == []
+    assert consume_one(transport, ["default"], wait_s=3.0).body == b"job"
+
+
+def test_a_receipt_stops_working_once_nacked(transport: Transport) -> None:
+    transport.publish("default", [b"job"])
+    delivery = consume_one(transport, ["default"])
+    transport.nack([delivery], delay_s=30)
+
+    transport.ack([delivery])
+
+    assert transport.depth("default") == 1
+
+
+@short_visibility
+def test_extend_keeps_a_delivery_invisible_past_the_original_timeout(transport: Transport) -> None:
+    transport.publish("default", [b"job"])
+    delivery = consume_one(transport, ["default"])
+
+    transport.extend([delivery], visibility_s=2.0)
+
+    assert transport.consume(["default"], max_messages=1, wait_s=SHORT_VISIBILITY_S * 3) == []
+    transport.ack([delivery])
+    assert transport.depth("default") == 0
+
+
+# --- depth
+
+
+def test_depth_counts_visible_and_in_flight_messages_until_acked(transport: Transport) -> None:
+    assert transport.depth("default") == 0
+    transport.publish("default", [b"a", b"b", b"c"])
+    transport.publish("low", [b"elsewhere"])
+
+    delivery = consume_one(transport, ["default"])
+    assert transport.depth("default") == 3
+
+    transport.ack([delivery])
+    assert transport.depth("default") == 2
+
+
+# --- waiting
+
+
+def test_consume_on_empty_queues_returns_nothing_after_about_wait_s(transport: Transport) -> None:
+    started = time.monotonic()
+
+    deliveries = transport.consume(QUEUES, max_messages=1, wait_s=0.3)
+
+    elapsed = time.monotonic() - started
+    assert deliveries == []
+    assert 0.25 <= elapsed < 1.0
+
+
+def test_consume_returns_early_when_a_message_is_published_from_another_thread(transport: Transport) -> None:
+    publisher = threading.Timer(0.1, transport.publish, args=("low", [b"late"]))
+    started = time.monotonic()
+    publisher.start()
+    try:
+        deliveries = transport.consume(QUEUES, max_messages=1, wait_s=5.0)
+    finally:
+        publisher.join()
+
+    assert bodies(deliveries) == [b"late"]
+    assert time.monotonic() - started < 1.0
+
+
+# --- concurrency
+
+
+def test_concurrent_consumers_receive_each_message_exactly_once(transport: Transport) -> None:
+    sent = [f"m{i}".encode() for i in range(1_000)]
+    for start in range(0, len(sent), 100):
+        transport.publish("default", sent[start : start + 100])
+    received: list[list[bytes]] = [[] for _ in range(4)]
+    errors: list[BaseException] = []
+
+    def drain(mine: list[bytes]) -> None:
+        try:
+            while deliveries := transport.consume(["default"], max_messages=10, wait_s=0.2):
+                mine.extend(bodies(deliveries))
+                transport.ack(deliveries)
+        except BaseException as exc:  # surfaced by the assertion below, not lost in the thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=drain, args=(mine,)) for mine in received]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+
+    assert errors == []
+    everything = [body for mine in received for body in mine]
+    assert sorted(everything) == sorted(sent)
+    assert transport.depth("default") == 0
