@@ -162,6 +162,7 @@ class App:
         self._overrides = {"store": store, **overrides}
         self._deployment: Deployment | None = None
         self._lock = threading.Lock()
+        self.dev_hooks: list[Callable[[App], None]] = []
 
     @property
     def settings(self) -> Settings:
@@ -220,6 +221,12 @@ class App:
             return Task(self, definition)
 
         return register(fn) if fn is not None else register
+
+    def on_dev_start(self, fn: Callable[[App], None]) -> Callable[[App], None]:
+        """Register `fn(app)` to run when `jobq dev` starts, e.g. to seed example jobs.
+        Workers never call it, so importing the module stays free of side effects."""
+        self.dev_hooks.append(fn)
+        return fn
 
     def close(self) -> None:
         with self._lock:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar, runtime_checkable
 
 from jobq.models import (
     IdempotencyRecord,
@@ -172,6 +172,16 @@ class TimeIndex(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class ClaimingIndex(Protocol):
+    """Optional: an index that is a view of the store can find and claim due runs in one step
+    (one SQL statement), saving the scanner a round trip. The scanner uses it when present."""
+
+    def claim_runs(self, now_ms: int, limit: int, owner: str, lease_ms: int) -> list[Run]:
+        """Like `JobStore.claim(index.claim_due(now_ms, limit), ...)`, atomically: CRITICAL first."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)

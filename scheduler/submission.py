@@ -144,11 +144,6 @@ def build_job(
     `known_tasks`, when given, is every task name a worker or the caller registered; a TASK
     target outside it is refused.
     """
-    if isinstance(spec.target, TaskTarget) and known_tasks is not None and spec.target.task not in known_tasks:
-        hint = ", ".join(sorted(known_tasks)[:10]) or "none registered yet"
-        raise UnknownTask(
-            f"unknown task {spec.target.task!r}: no worker has registered it (known: {hint})", field="target.task"
-        )
     validate_payload(spec, limits)
     zone(spec.timezone)
     kind = spec.schedule_type
@@ -183,6 +178,11 @@ def build_job(
                     field="run_at",
                 )
         schedule = Schedule(type=kind, at_ms=first, timezone=spec.timezone)
+    if isinstance(spec.target, TaskTarget) and known_tasks is not None and spec.target.task not in known_tasks:
+        hint = ", ".join(sorted(known_tasks)[:10]) or "none registered yet"
+        raise UnknownTask(
+            f"unknown task {spec.target.task!r}: no worker has registered it (known: {hint})", field="target.task"
+        )
     job = Job(
         job_id=spec.job_id or new_job_id(now_ms),
         tenant_id=spec.tenant_id,

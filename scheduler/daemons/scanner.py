@@ -29,7 +29,7 @@ from jobq.models import (
     RunState,
     Transition,
 )
-from jobq.ports import IndexEntry
+from jobq.ports import ClaimingIndex, IndexEntry
 from jobq.wiring import Deployment
 
 _C = frozenset({RunState.CLAIMED})
@@ -103,11 +103,15 @@ class Scanner(Daemon):
         return max(0.0, min(default_s, (upcoming - self.clock.now_ms()) / 1000))
 
     def run_once(self, now_ms: int) -> int:
-        ids = self.d.index.claim_due(now_ms, self.batch)
-        self._full = len(ids) == self.batch
-        if not ids:
-            return 0
-        claimed = self.store.claim(ids, now_ms, self.scanner_id, round(self.settings.claim_lease_s * 1000))
+        lease_ms = round(self.settings.claim_lease_s * 1000)
+        index = self.d.index
+        if isinstance(index, ClaimingIndex):
+            claimed = index.claim_runs(now_ms, self.batch, self.scanner_id, lease_ms)
+            self._full = len(claimed) == self.batch
+        else:
+            ids = index.claim_due(now_ms, self.batch)
+            self._full = len(ids) == self.batch
+            claimed = self.store.claim(ids, now_ms, self.scanner_id, lease_ms) if ids else []
         if not claimed:
             return 0
         jobs = self.store.get_jobs(list({r.job_id for r in claimed}))

@@ -76,13 +76,18 @@ class Worker(Daemon):
         self._active_lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         self._stopping = threading.Event()
+        self._start_lock = threading.Lock()
         self.completed = 0
 
     # -- lifecycle ------------------------------------------------------------------------------
 
     def start(self) -> None:
-        if self._threads:
-            return
+        """Register the served task names and start the pool and the monitor (once)."""
+        with self._start_lock:
+            if not self._threads:
+                self._start()
+
+    def _start(self) -> None:
         self.store.register_worker(self.worker_id, sorted(self.registry.names()), self.queues, self.clock.now_ms())
         for n in range(self.concurrency):
             t = threading.Thread(target=self._pool_loop, name=f"jobq-task-{n}", daemon=True)
@@ -282,8 +287,12 @@ class Worker(Daemon):
             if written.state is RunState.SCHEDULED:
                 self.d.index.add([IndexEntry(written.run_id, written.due_ms, written.priority)])
             self.d.history.record([event(written, kind, now, worker=self.worker_id, duration_ms=duration)])
-            if kind != "SUCCEEDED":
-                self.log.warning("attempt %d failed: %s", run.attempt, outcome.error, extra=run_fields(written))
+            fields = run_fields(run, task=envelope.task, duration_ms=duration)
+            if kind == "SUCCEEDED":
+                self.log.info("succeeded", extra=fields)
+            else:
+                then = f"retry at attempt {written.attempt}" if kind == "RETRYING" else "dead-lettered"
+                self.log.warning("failed: %s; %s", outcome.error, then, extra=fields)
         self.d.transport.ack([delivery])
         self.completed += 1
 

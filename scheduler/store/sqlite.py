@@ -323,6 +323,23 @@ class SqliteStore:
         claimed.sort(key=lambda r: (r.priority.rank, r.due_ms))
         return claimed
 
+    def claim_due(self, now_ms: int, limit: int, owner: str, lease_ms: int) -> list[Run]:
+        """Find and claim due runs in one transaction, CRITICAL first: one indexed UPDATE per tier."""
+        claimed: list[Run] = []
+        with self.db.write() as conn:
+            for priority in PRIORITIES_BY_RANK:
+                if len(claimed) >= limit:
+                    break
+                rows = conn.execute(
+                    "UPDATE jobq_runs SET state = 'CLAIMED', fence = fence + 1, version = version + 1, "
+                    "lease_owner = ?, lease_expires_ms = ?, updated_ms = ? WHERE run_id IN ("
+                    "SELECT run_id FROM jobq_runs WHERE state = 'SCHEDULED' AND priority = ? AND due_ms <= ? "
+                    "ORDER BY due_ms LIMIT ?) RETURNING *",
+                    (owner, now_ms + lease_ms, now_ms, priority.rank, now_ms, limit - len(claimed)),
+                ).fetchall()
+                claimed.extend(sorted((run_from_row(r) for r in rows), key=lambda r: r.due_ms))
+        return claimed
+
     def transition(self, transitions: Sequence[Transition]) -> list[Run | None]:
         if not transitions:
             return []

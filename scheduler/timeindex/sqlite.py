@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from jobq.models import Run
 from jobq.ports import IndexEntry
 from jobq.store.sqlite import SqliteStore
 
@@ -24,6 +25,9 @@ class SqliteTimeIndex:
 
     def claim_due(self, now_ms: int, limit: int) -> list[str]:
         return [r["run_id"] for r in self.store.overdue_rows("run_id", now_ms, limit)]
+
+    def claim_runs(self, now_ms: int, limit: int, owner: str, lease_ms: int) -> list[Run]:
+        return self.store.claim_due(now_ms, limit, owner, lease_ms)
 
     def discard(self, run_ids: Sequence[str]) -> None:
         pass

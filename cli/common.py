@@ -1,0 +1,126 @@
+"""What every command shares: backend options, settings, errors as one line with exit code 2, output."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import click
+from pydantic import ValidationError
+from rich.console import Console
+
+from jobq.app import App, default_app
+from jobq.errors import JobqError
+from jobq.settings import Settings
+from jobq.tasks import TaskRegistry
+from jobq.wiring import Deployment, connect
+
+F = TypeVar("F", bound=Callable[..., Any])
+EXIT_USAGE = 2
+
+console = Console(highlight=False)
+err_console = Console(stderr=True, highlight=False)
+
+
+def fail(message: str) -> None:
+    """Print one line to stderr and exit 2: the CLI's only error path for bad input."""
+    err_console.print(f"[bold red]error:[/] {message}", soft_wrap=True)
+    raise SystemExit(EXIT_USAGE)
+
+
+def describe_validation(exc: ValidationError) -> str:
+    error = exc.errors()[0]
+    where = ".".join(str(p) for p in error["loc"] if p not in ("function-after",))
+    return f"{where}: {error['msg']}" if where else str(error["msg"])
+
+
+class JobqGroup(click.Group):
+    """Turns every jobq error into one clear line and exit code 2 (never a traceback)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except JobqError as exc:
+            fail(str(exc))
+        except ValidationError as exc:
+            fail(describe_validation(exc))
+        return None
+
+
+def backend_options(fn: F) -> F:
+    """--store/--index/--broker/--history/--config, also read from JOBQ_* variables."""
+    options = [
+        click.option("--store", "store", metavar="URL", help="Job store URL [env JOBQ_STORE; sqlite:///jobq.db]"),
+        click.option("--index", "index", metavar="URL", help="Time index URL [env JOBQ_INDEX; the store's]"),
+        click.option("--broker", "broker", metavar="URL", help="Transport URL [env JOBQ_BROKER; the store's]"),
+        click.option("--history", "history", metavar="URL", help="History sink URL [env JOBQ_HISTORY]"),
+        click.option("--config", "config_file", metavar="FILE", help="TOML settings file [env JOBQ_CONFIG]"),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def load_settings(overrides: dict[str, Any]) -> Settings:
+    config_file = overrides.pop("config_file", None)
+    return Settings.load(overrides, config_file=config_file)
+
+
+@contextmanager
+def deployment(settings: Settings) -> Iterator[Deployment]:
+    d = connect(settings)
+    try:
+        yield d
+    finally:
+        d.close()
+
+
+def json_option(fn: F) -> F:
+    return click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")(fn)
+
+
+def print_json(value: Any) -> None:
+    click.echo(json.dumps(value, indent=2, default=str))
+
+
+def load_apps(specs: tuple[str, ...]) -> tuple[App, TaskRegistry]:
+    """Import each `module` or `module:attribute` given with -A and collect their tasks.
+
+    The current directory is importable (as with `python -m`). Tasks registered with
+    `@jobq.task` land on the default app. Returns the first app found and every task."""
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    registry = TaskRegistry()
+    apps: list[App] = []
+    for spec in specs:
+        module_name, _, attribute = spec.partition(":")
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            fail(f"cannot import {module_name!r} given with -A: {exc}")
+        if attribute:
+            found = getattr(module, attribute, None)
+            if not isinstance(found, App):
+                fail(f"{spec!r} is not a jobq App")
+            apps.append(found)
+        else:
+            apps.extend(v for v in vars(module).values() if isinstance(v, App) and v not in apps)
+    if default_app.registry and default_app not in apps:
+        apps.append(default_app)
+    for app in apps:
+        for definition in app.registry:
+            registry.add(definition)
+    return (apps[0] if apps else default_app), registry
+
+
+def ms_to_text(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    from jobq.schedules import to_iso
+
+    return to_iso(ms)

@@ -1,0 +1,144 @@
+"""The daemon commands: dev, worker, scanner, reaper, beat. Each runs until SIGTERM or Ctrl-C."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Callable, Sequence
+from types import FrameType
+from typing import Any
+
+import click
+
+from jobq import logs, metrics
+from jobq.daemons.base import Daemon
+from jobq.daemons.beat import Beat
+from jobq.daemons.reaper import Reaper
+from jobq.daemons.scanner import Scanner
+from jobq.daemons.worker import Worker
+from jobq.settings import Settings
+from jobq.wiring import Deployment, connect
+
+from .common import backend_options, console, err_console, fail, load_apps, load_settings
+
+
+def daemon_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    fn = click.option("--log-level", default=None, help="DEBUG, INFO, WARNING [env JOBQ_LOG_LEVEL; INFO]")(fn)
+    fn = click.option("--log-format", type=click.Choice(["text", "json"]), default=None, help="Log format.")(fn)
+    fn = click.option("--metrics-port", type=int, default=None, help="Serve Prometheus /metrics on this port.")(fn)
+    return backend_options(fn)
+
+
+def run_until_stopped(d: Deployment, daemons: Sequence[Daemon], on_start: Callable[[], None] | None = None) -> None:
+    """Run each daemon's loop in a thread until SIGTERM/SIGINT, then let each finish its pass,
+    hand back what it holds, and exit. A second Ctrl-C exits at once."""
+    stop = threading.Event()
+    log = logs.logging.getLogger("jobq")
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        if stop.is_set() and signum == signal.SIGINT:
+            os._exit(130)
+        log.info("received %s: shutting down (Ctrl-C again to exit at once)", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    server = metrics.serve(d.settings.metrics_port) if d.settings.metrics_port else None
+    threads = [threading.Thread(target=x.run_forever, args=(stop,), name=f"jobq-{x.name}") for x in daemons]
+    for t in threads:
+        t.start()
+    try:
+        if on_start is not None:
+            on_start()
+        while not stop.wait(0.5):
+            if not all(t.is_alive() for t in threads):
+                log.error("a daemon loop ended unexpectedly; stopping the others")
+                stop.set()
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=d.settings.shutdown_grace_s + 10)
+        if server is not None:
+            server.shutdown()
+        d.close()
+
+
+def _settings(options: dict[str, Any], **more: Any) -> Settings:
+    options = {**options, **{k: v for k, v in more.items() if v is not None}}
+    settings = load_settings(options)
+    logs.configure(settings.log_level, settings.log_format)
+    return settings
+
+
+def _queues(value: str | None) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    queues = tuple(q.strip().lower() for q in value.split(",") if q.strip())
+    known = {"critical", "high", "default", "low"}
+    unknown = [q for q in queues if q not in known]
+    if unknown or not queues:
+        fail(f"unknown queue(s) {', '.join(unknown) or value!r}; use critical, high, default, low")
+    return queues
+
+
+@click.command()
+@click.option("-A", "--app", "apps", multiple=True, metavar="MODULE", help="Import tasks from MODULE[:APP].")
+@click.option("-Q", "--queues", default=None, help="Queues in priority order [critical,high,default,low].")
+@click.option("-c", "--concurrency", type=int, default=None, help="Tasks run at once [4].")
+@daemon_options
+def dev(apps: tuple[str, ...], queues: str | None, concurrency: int | None, **options: Any) -> None:
+    """Run every role in one process (beat, scanner, worker, reaper) on the embedded SQLite store."""
+    settings = _settings(options, queues=_queues(queues), concurrency=concurrency)
+    app, registry = load_apps(apps)
+    d = connect(settings)
+    app.use(d)
+    worker = Worker(d, registry)
+    daemons: list[Daemon] = [Beat(d), Scanner(d), worker, Reaper(d)]
+    console.print(
+        f"[bold]jobq dev[/] store={settings.store_url} queues={','.join(worker.queues)} slots={worker.concurrency}"
+    )
+    console.print(f"tasks: {', '.join(sorted(registry.names())) or '(none: pass -A MODULE)'}")
+    console.print("Ctrl-C to stop")
+
+    def seed() -> None:
+        worker.start()  # register tasks before the hooks schedule anything
+        for hook in app.dev_hooks:
+            hook(app)
+
+    run_until_stopped(d, daemons, seed)
+
+
+@click.command()
+@click.option("-A", "--app", "apps", multiple=True, metavar="MODULE", help="Import tasks from MODULE[:APP].")
+@click.option("-Q", "--queues", default=None, help="Queues to consume, highest priority first.")
+@click.option("-c", "--concurrency", type=int, default=None, help="Tasks run at once [4].")
+@click.option("--worker-id", default=None, help="Name in leases and logs [worker-<host>-<pid>-<rand>].")
+@daemon_options
+def worker(
+    apps: tuple[str, ...], queues: str | None, concurrency: int | None, worker_id: str | None, **options: Any
+) -> None:
+    """Run tasks from the given queues in strict priority order."""
+    settings = _settings(options, queues=_queues(queues), concurrency=concurrency)
+    app, registry = load_apps(apps)
+    if not registry.names():
+        err_console.print("warning: no tasks registered (pass -A MODULE); every run will be handed on")
+    d = connect(settings)
+    app.use(d)
+    run_until_stopped(d, [Worker(d, registry, worker_id=worker_id)])
+
+
+def _simple(name: str, factory: Callable[[Deployment], Daemon], help_text: str) -> click.Command:
+    @click.command(name=name, help=help_text)
+    @daemon_options
+    def command(**options: Any) -> None:
+        settings = _settings(options)
+        d = connect(settings)
+        run_until_stopped(d, [factory(d)])
+
+    return command
+
+
+scanner = _simple("scanner", Scanner, "Claim due runs (CRITICAL first) and dispatch them to the queues.")
+reaper = _simple("reaper", Reaper, "Take back runs whose lease expired (fence+1) and retry or dead-letter them.")
+beat = _simple("beat", Beat, "Create the runs of due schedules within the horizon; repair the time index.")

@@ -1,0 +1,407 @@
+"""Job commands: schedule, status, list, runs, history, cancel, pause, resume, trigger, dlq, init."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import click
+from rich.table import Table
+
+from jobq.client import Client
+from jobq.models import JobStatus, Priority, RetryPolicy, ScheduleType, TaskTarget
+from jobq.ports import JobQuery
+from jobq.submission import JobSpec
+from jobq.views import event_resource, iso, job_resource, job_summary, run_resource
+
+from .common import backend_options, console, deployment, fail, json_option, load_apps, load_settings, print_json
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in `45m`, `1h30m`, `90s`, `500ms`, `2d` or a bare number of seconds."""
+    value = text.strip().lower()
+    if re.fullmatch(r"\d+(?:\.\d+)?", value):
+        return float(value)
+    parts = _DURATION.findall(value)
+    if not parts or "".join(n + u for n, u in parts) != value:
+        fail(f"--in {text!r} is not a duration; use e.g. 45m, 1h30m, 90s, 500ms, 2d")
+    return sum(float(n) * _UNITS[u] for n, u in parts)
+
+
+def _json_arg(name: str, text: str | None, kind: type) -> Any:
+    if text is None:
+        return kind()
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        fail(f"{name} is not valid JSON: {exc}")
+    if not isinstance(value, kind):
+        fail(f"{name} must be a JSON {'array' if kind is list else 'object'}")
+    return value
+
+
+@click.command()
+@click.argument("task")
+@click.option("--cron", help='Cron expression: 5 fields, 6 (seconds first) or @hourly…; e.g. "0 2 1 * *".')
+@click.option("--tz", "timezone", default="UTC", show_default=True, help="IANA timezone for --cron and --at.")
+@click.option("--at", "at", help="When: ISO 8601 (naive times are read in --tz) or epoch milliseconds.")
+@click.option("--in", "in_", metavar="DURATION", help="After a delay: 45m, 1h30m, 90s.")
+@click.option("--now", is_flag=True, help="As soon as possible (the default when no time is given).")
+@click.option("--args", "args_json", metavar="JSON", help="Positional arguments as a JSON array.")
+@click.option("--kwargs", "kwargs_json", metavar="JSON", help="Keyword arguments as a JSON object.")
+@click.option("--priority", type=click.Choice([p.value for p in Priority], case_sensitive=False), default=None)
+@click.option("--name", help="A name for the job [the task name].")
+@click.option("--job-id", help="Choose the job id (refused if it exists).")
+@click.option("--tenant", "tenant_id", default="default", show_default=True)
+@click.option("--max-retries", type=int, default=None, help="Attempts after the first [3].")
+@click.option(
+    "--misfire", type=click.Choice(["fire_once_now", "skip", "fire_all"]), default="fire_once_now", show_default=True
+)
+@click.option("--catchup", "catchup_s", type=int, default=86_400, show_default=True, help="Catch-up window, s.")
+@click.option(
+    "--overlap",
+    type=click.Choice(["SKIP", "BUFFER_ONE", "BUFFER_ALL", "CANCEL_OTHER", "ALLOW_ALL"]),
+    default="SKIP",
+    show_default=True,
+)
+@click.option("--jitter", "jitter_s", type=int, default=0, help="Spread each fire over up to this many seconds.")
+@click.option("--dst-gap", type=click.Choice(["skip", "shift"]), default="skip", show_default=True)
+@click.option("--dst-overlap", type=click.Choice(["once", "twice"]), default="once", show_default=True)
+@click.option("--timeout", "timeout_s", type=float, default=None, help="Fail an attempt after this many seconds.")
+@click.option("--idempotency-key", default=None, help="Submitting again with this key returns the same job.")
+@click.option("-A", "--app", "apps", multiple=True, metavar="MODULE", help="Also accept the tasks of MODULE.")
+@json_option
+@backend_options
+def schedule(
+    task: str,
+    cron: str | None,
+    timezone: str,
+    at: str | None,
+    in_: str | None,
+    now: bool,
+    args_json: str | None,
+    kwargs_json: str | None,
+    priority: str | None,
+    name: str | None,
+    job_id: str | None,
+    tenant_id: str,
+    max_retries: int | None,
+    misfire: str,
+    catchup_s: int,
+    overlap: str,
+    jitter_s: int,
+    dst_gap: str,
+    dst_overlap: str,
+    timeout_s: float | None,
+    idempotency_key: str | None,
+    apps: tuple[str, ...],
+    as_json: bool,
+    **options: Any,
+) -> None:
+    """Schedule TASK once (--at, --in), on a cron (--cron, --tz), or now (--now)."""
+    if sum(x is not None and x is not False for x in (cron, at, in_, now or None)) > 1:
+        fail("give only one of --cron, --at, --in and --now")
+    kind = ScheduleType.CRON if cron else ScheduleType.ONE_OFF if (at or in_) else ScheduleType.IMMEDIATE
+    _app, registry = load_apps(apps) if apps else (None, None)
+    local = registry.get(task) if registry is not None else None
+    retry = local.retry if local is not None else None
+    if max_retries is not None:
+        retry = (retry or RetryPolicy()).model_copy(update={"max_retries": max_retries})
+    spec = JobSpec.model_validate(
+        {
+            "tenant_id": tenant_id,
+            "job_id": job_id,
+            "job_name": name,
+            "schedule_type": kind,
+            "cron_expression": cron,
+            "timezone": timezone,
+            "run_at": at,
+            "delay_seconds": parse_duration(in_) if in_ else None,
+            "priority": priority or (local.priority if local else Priority.DEFAULT),
+            "target": TaskTarget(task=task),
+            "payload": {
+                "args": _json_arg("--args", args_json, list),
+                "kwargs": _json_arg("--kwargs", kwargs_json, dict),
+            },
+            "retry_policy": retry or RetryPolicy(),
+            "misfire_policy": misfire,
+            "catchup_window_seconds": catchup_s,
+            "overlap_policy": overlap,
+            "jitter_seconds": jitter_s,
+            "dst_gap": dst_gap,
+            "dst_overlap": dst_overlap,
+            "timeout_seconds": timeout_s if timeout_s is not None else (local.timeout_s if local else None),
+        }
+    )
+    with deployment(load_settings(options)) as d:
+        client = Client(d)
+        known = d.store.known_tasks() | (registry.names() if registry is not None else set())
+        submitted = client.submit(spec, idempotency_key=idempotency_key, known_tasks=known)
+        view = client.get(submitted.job.job_id)
+    if as_json:
+        print_json(job_resource(view))
+        return
+    verb = "scheduled" if submitted.created else "already scheduled (same Idempotency-Key)"
+    console.print(f"[green]{verb}[/] {view.job.job_id}  {task}  {kind.value}  {view.job.priority.value}")
+    for ms in view.next_fire_times[:5]:
+        console.print(f"  next: {_iso(ms)}")
+
+
+@click.command()
+@click.argument("job_id")
+@json_option
+@backend_options
+def status(job_id: str, as_json: bool, **options: Any) -> None:
+    """Show a job: its schedule, current run, lease, fence and counts of runs by state."""
+    with deployment(load_settings(options)) as d:
+        view = Client(d).get(job_id)
+    resource = job_resource(view)
+    if as_json:
+        print_json(resource)
+        return
+    table = Table(show_header=False, box=None)
+    for key in (
+        "job_id",
+        "job_name",
+        "job_status",
+        "status",
+        "schedule_type",
+        "cron_expression",
+        "timezone",
+        "priority",
+        "current_attempt",
+        "fencing_token",
+        "current_lease_worker_id",
+        "last_heartbeat_at",
+        "next_run_time_iso",
+        "created_at",
+    ):
+        if resource.get(key) is not None:
+            table.add_row(f"[bold]{key}[/]", str(resource[key]))
+    run = view.current_run
+    if run is not None and run.last_error:
+        table.add_row("[bold]last_error[/]", run.last_error)
+    table.add_row("[bold]runs[/]", ", ".join(f"{k}={v}" for k, v in sorted(view.counts.items())) or "none yet")
+    if len(view.next_fire_times) > 1:
+        table.add_row("[bold]next fires[/]", ", ".join(_iso(ms) for ms in view.next_fire_times))
+    console.print(table)
+
+
+@click.command(name="list")
+@click.option("--status", "status_", type=click.Choice([s.value for s in JobStatus], case_sensitive=False))
+@click.option("--priority", type=click.Choice([p.value for p in Priority], case_sensitive=False))
+@click.option("--name-prefix", default=None)
+@click.option("--tenant", "tenant_id", default=None)
+@click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True)
+@click.option("--cursor", default=None, help="Continue from a previous page.")
+@json_option
+@backend_options
+def list_jobs(
+    status_: str | None,
+    priority: str | None,
+    name_prefix: str | None,
+    tenant_id: str | None,
+    limit: int,
+    cursor: str | None,
+    as_json: bool,
+    **options: Any,
+) -> None:
+    """List jobs (newest ids last), filtered by status, priority or name prefix."""
+    query = JobQuery(
+        tenant_id=tenant_id,
+        status=JobStatus(status_.upper()) if status_ else None,
+        priority=Priority.parse(priority) if priority else None,
+        name_prefix=name_prefix,
+        cursor=cursor,
+        limit=limit,
+    )
+    with deployment(load_settings(options)) as d:
+        page = Client(d).list(query)
+    if as_json:
+        print_json({"jobs": [job_summary(j) for j in page.items], "next_cursor": page.next_cursor})
+        return
+    table = Table("job_id", "name", "status", "type", "schedule", "priority")
+    table.columns[0].no_wrap = True
+    for job in page.items:
+        table.add_row(
+            job.job_id,
+            job.name,
+            job.status.value,
+            job.schedule.type.value,
+            job.schedule.cron or _iso(job.schedule.at_ms),
+            job.priority.value,
+        )
+    console.print(table)
+    if page.next_cursor:
+        console.print(f"more: --cursor {page.next_cursor}")
+
+
+@click.command()
+@click.argument("job_id")
+@click.option("--limit", type=click.IntRange(1, 1000), default=20, show_default=True)
+@json_option
+@backend_options
+def runs(job_id: str, limit: int, as_json: bool, **options: Any) -> None:
+    """List a job's runs, newest first."""
+    with deployment(load_settings(options)) as d:
+        page = Client(d).runs(job_id, limit=limit)
+    if as_json:
+        print_json({"runs": [run_resource(r) for r in page.items], "next_cursor": page.next_cursor})
+        return
+    table = Table("run_id", "state", "attempt", "fence", "nominal", "finished", "error")
+    table.columns[0].no_wrap = True
+    for r in page.items:
+        table.add_row(
+            r.run_id,
+            r.state.value,
+            str(r.attempt),
+            str(r.fence),
+            _iso(r.nominal_ms),
+            _iso(r.finished_ms),
+            (r.last_error or "")[:60],
+        )
+    console.print(table)
+
+
+@click.command()
+@click.argument("job_id")
+@json_option
+@backend_options
+def history(job_id: str, as_json: bool, **options: Any) -> None:
+    """Show every attempt's start and outcome for a job, oldest first."""
+    with deployment(load_settings(options)) as d:
+        events = Client(d).history(job_id)
+    if as_json:
+        print_json({"events": [event_resource(e) for e in events]})
+        return
+    table = Table("at", "run_id", "attempt", "fence", "event", "worker", "ms", "error")
+    for e in events:
+        table.add_row(
+            _iso(e.at_ms),
+            e.run_id,
+            str(e.attempt),
+            str(e.fence),
+            e.kind,
+            e.worker or "",
+            str(e.duration_ms or ""),
+            (e.error or "")[:60],
+        )
+    console.print(table)
+
+
+def _action(name: str, verb: str, help_text: str) -> click.Command:
+    @click.command(name=name, help=help_text)
+    @click.argument("job_id")
+    @json_option
+    @backend_options
+    def command(job_id: str, as_json: bool, **options: Any) -> None:
+        with deployment(load_settings(options)) as d:
+            client = Client(d)
+            result = getattr(client, name)(job_id)
+            view = client.get(job_id)
+        if as_json:
+            print_json(job_resource(view))
+            return
+        extra = f" as run {result.run_id}" if name == "trigger" else ""
+        console.print(f"{verb} {job_id}{extra}: job {view.job.status.value}")
+
+    return command
+
+
+cancel = _action("cancel", "cancelled", "Cancel a job and its unfinished runs (a running task sees lease_lost).")
+pause = _action("pause", "paused", "Stop creating runs; runs not yet started wait until resume.")
+resume = _action("resume", "resumed", "Create runs again (recurring fires during the pause are skipped).")
+trigger = _action("trigger", "triggered", "Run the job once now, outside its schedule.")
+
+
+@click.group()
+def dlq() -> None:
+    """The dead-letter list: runs that failed their last attempt."""
+
+
+@dlq.command(name="list")
+@click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True)
+@click.option("--cursor", default=None)
+@json_option
+@backend_options
+def dlq_list(limit: int, cursor: str | None, as_json: bool, **options: Any) -> None:
+    """List dead-lettered runs, newest first."""
+    with deployment(load_settings(options)) as d:
+        page = Client(d).dead_letters(cursor=cursor, limit=limit)
+    if as_json:
+        print_json({"runs": [run_resource(r) for r in page.items], "next_cursor": page.next_cursor})
+        return
+    table = Table("run_id", "attempt", "failed", "error")
+    table.columns[0].no_wrap = True
+    for r in page.items:
+        table.add_row(r.run_id, str(r.attempt), _iso(r.finished_ms), (r.last_error or "")[:80])
+    console.print(table)
+    if page.next_cursor:
+        console.print(f"more: --cursor {page.next_cursor}")
+
+
+@dlq.command(name="show")
+@click.argument("run_id")
+@json_option
+@backend_options
+def dlq_show(run_id: str, as_json: bool, **options: Any) -> None:
+    """Show one dead-lettered run with its history."""
+    with deployment(load_settings(options)) as d:
+        client = Client(d)
+        run = client.run(run_id)
+        events = [e for e in client.history(run.job_id) if e.run_id == run_id]
+    resource = {**run_resource(run), "history": [event_resource(e) for e in events]}
+    if as_json:
+        print_json(resource)
+        return
+    table = Table(show_header=False, box=None)
+    for key, value in resource.items():
+        if key != "history" and value is not None:
+            table.add_row(f"[bold]{key}[/]", str(value))
+    console.print(table)
+    for e in events:
+        console.print(f"  {_iso(e.at_ms)} attempt {e.attempt} {e.kind} {e.error or ''}")
+
+
+@dlq.command(name="redrive")
+@click.argument("run_ids", nargs=-1, required=True)
+@backend_options
+def dlq_redrive(run_ids: tuple[str, ...], **options: Any) -> None:
+    """Schedule dead-lettered runs again now, as their next attempt."""
+    with deployment(load_settings(options)) as d:
+        client = Client(d)
+        for run_id in run_ids:
+            run = client.redrive(run_id)
+            console.print(f"redriven {run.run_id} as attempt {run.attempt}")
+
+
+@dlq.command(name="purge")
+@click.argument("run_ids", nargs=-1)
+@click.option("--all", "purge_all", is_flag=True, help="Purge every dead-lettered run.")
+@backend_options
+def dlq_purge(run_ids: tuple[str, ...], purge_all: bool, **options: Any) -> None:
+    """Take runs off the dead-letter list (they stay FAILED in history)."""
+    if bool(run_ids) == purge_all:
+        fail("give RUN_IDs or --all")
+    with deployment(load_settings(options)) as d:
+        count = Client(d).purge(None if purge_all else list(run_ids))
+    console.print(f"purged {count} run(s)")
+
+
+@click.command()
+@backend_options
+def init(**options: Any) -> None:
+    """Create or migrate the schema of the configured store (SQLite creates it on first use)."""
+    with deployment(load_settings(options)) as d:
+        migrate = getattr(d.store, "migrate", None)
+        if migrate is not None:
+            migrate()
+    console.print("schema ready")
+
+
+def _iso(ms: int | None) -> str:
+    return (iso(ms) or "-") if ms is not None and ms < 2**62 else "-"

@@ -1,0 +1,89 @@
+"""The external shape of jobs and runs: one rendering for `--json` output and the HTTP API."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jobq.client import JobView
+from jobq.models import Job, Run, RunEvent, TaskTarget
+from jobq.schedules import to_iso
+
+
+def iso(ms: int | None) -> str | None:
+    return None if ms is None else to_iso(ms)
+
+
+def run_resource(run: Run) -> dict[str, Any]:
+    return {
+        "run_id": run.run_id,
+        "job_id": run.job_id,
+        "state": run.state.value,
+        "attempt": run.attempt,
+        "fencing_token": run.fence,
+        "priority": run.priority.value,
+        "nominal_time_iso": iso(run.nominal_ms),
+        "due_time_iso": iso(run.due_ms) if run.due_ms < 2**62 else None,
+        "lease_worker_id": run.lease_owner,
+        "lease_expires_at": iso(run.lease_expires_ms),
+        "last_heartbeat_at": iso(run.last_heartbeat_ms),
+        "dispatched_at": iso(run.dispatched_ms),
+        "started_at": iso(run.started_ms),
+        "finished_at": iso(run.finished_ms),
+        "last_error": run.last_error,
+        "dead_letter": run.dead_letter,
+        "result": run.result,
+    }
+
+
+def job_resource(view: JobView) -> dict[str, Any]:
+    job, run = view.job, view.current_run
+    upcoming = list(view.next_fire_times)
+    return {
+        **job_summary(job),
+        "status": run.state.value if run is not None else job.status.value,
+        "last_heartbeat_at": iso(run.last_heartbeat_ms) if run else None,
+        "current_lease_worker_id": run.lease_owner if run else None,
+        "current_attempt": run.attempt if run else None,
+        "fencing_token": run.fence if run else None,
+        "next_run_time_epoch_ms": upcoming[0] if upcoming else None,
+        "next_run_time_iso": iso(upcoming[0]) if upcoming else None,
+        "next_fire_times": [iso(ms) for ms in upcoming],
+        "current_run": run_resource(run) if run else None,
+        "run_counts": view.counts,
+        "payload": job.payload,
+        "retry_policy": job.retry.model_dump(mode="json"),
+        "misfire_policy": job.misfire_policy.value,
+        "catchup_window_seconds": job.catchup_window_s,
+        "overlap_policy": job.overlap_policy.value,
+        "jitter_seconds": job.jitter_s,
+        "target": job.target.model_dump(mode="json"),
+    }
+
+
+def job_summary(job: Job) -> dict[str, Any]:
+    return {
+        "job_id": job.job_id,
+        "tenant_id": job.tenant_id,
+        "job_name": job.name,
+        "job_status": job.status.value,
+        "schedule_type": job.schedule.type.value,
+        "cron_expression": job.schedule.cron,
+        "timezone": job.schedule.timezone,
+        "priority": job.priority.value,
+        "task": job.target.task if isinstance(job.target, TaskTarget) else None,
+        "created_at": iso(job.created_ms),
+        "updated_at": iso(job.updated_ms),
+    }
+
+
+def event_resource(e: RunEvent) -> dict[str, Any]:
+    return {
+        "run_id": e.run_id,
+        "attempt": e.attempt,
+        "fencing_token": e.fence,
+        "event": e.kind,
+        "at": iso(e.at_ms),
+        "worker_id": e.worker,
+        "error": e.error,
+        "duration_ms": e.duration_ms,
+    }

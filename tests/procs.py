@@ -1,0 +1,64 @@
+"""Real `jobq` daemon processes for end-to-end and crash tests, with their logs kept for failures."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+JOBQ = [sys.executable, "-m", "jobq.cli"]
+
+
+class Processes:
+    def __init__(self, workdir: Path, env: Mapping[str, str]) -> None:
+        self.workdir = workdir
+        self.env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, name: str, *args: str, extra_env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
+        with open(self.workdir / f"{name}.log", "ab") as log:  # the child keeps its own descriptor
+            proc = subprocess.Popen(
+                [*JOBQ, *args], cwd=self.workdir, env={**self.env, **(extra_env or {})}, stdout=log, stderr=log
+            )
+        self.procs[name] = proc
+        return proc
+
+    def kill9(self, name: str) -> None:
+        proc = self.procs[name]
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+
+    def stop_all(self, timeout_s: float = 20) -> dict[str, int | None]:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        codes: dict[str, int | None] = {}
+        deadline = time.monotonic() + timeout_s
+        for name, proc in self.procs.items():
+            try:
+                codes[name] = proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                codes[name] = None
+        return codes
+
+    def logs(self) -> str:
+        parts = []
+        for name in self.procs:
+            path = self.workdir / f"{name}.log"
+            text = path.read_text(errors="replace") if path.exists() else ""
+            parts.append(f"===== {name} =====\n{text[-6000:]}")
+        return "\n".join(parts)
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str, poll_s: float = 0.1) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(poll_s)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")

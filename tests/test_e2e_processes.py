@@ -1,0 +1,195 @@
+"""End to end with real processes on one SQLite file: beat, scanner, two workers and a reaper.
+
+Every task execution inserts a row into a side-effect table keyed by run id (no unique key), so
+a run executed twice shows up as two rows.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from procs import Processes, wait_until
+
+from jobq.client import Client
+from jobq.daemons.worker import Worker
+from jobq.metrics import METRICS
+from jobq.models import Priority, RunState, TaskTarget
+from jobq.ports import Delivery, RunQuery
+from jobq.settings import Settings
+from jobq.submission import JobSpec
+from jobq.tasks import TaskRegistry
+from jobq.wiring import Deployment, connect
+
+pytestmark = pytest.mark.slow
+
+TASKS = textwrap.dedent(
+    """
+    import os, sqlite3, time
+    from jobq import App, RetryPolicy, current_context
+
+    app = App("e2e")
+
+    def record(kind):
+        ctx = current_context()
+        conn = sqlite3.connect(os.environ["E2E_EFFECTS"], timeout=30)
+        with conn:
+            conn.execute(
+                "INSERT INTO effects (run_id, attempt, fence, worker, kind) VALUES (?, ?, ?, ?, ?)",
+                (ctx.run_id, ctx.attempt, ctx.fence, ctx.worker_id, kind),
+            )
+        conn.close()
+
+    @app.task(name="e2e.record")
+    def done():
+        record("done")
+
+    @app.task(name="e2e.slow", retry=RetryPolicy(max_retries=3, initial_interval_sec=0.2, max_interval_sec=0.5))
+    def slow(seconds):
+        record("started")
+        if current_context().attempt == 1:
+            time.sleep(seconds)
+        record("done")
+    """
+)
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Path:
+    (tmp_path / "e2e_tasks.py").write_text(TASKS)
+    effects = sqlite3.connect(tmp_path / "effects.db")
+    effects.execute("CREATE TABLE effects (run_id TEXT, attempt INT, fence INT, worker TEXT, kind TEXT)")
+    effects.execute("PRAGMA journal_mode=WAL")
+    effects.commit()
+    effects.close()
+    return tmp_path
+
+
+def _env(workdir: Path, **settings: str) -> dict[str, str]:
+    env = {"JOBQ_STORE": f"sqlite:///{workdir / 'jobq.db'}", "E2E_EFFECTS": str(workdir / "effects.db")}
+    env.update({f"JOBQ_{k.upper()}": v for k, v in settings.items()})
+    return env
+
+
+@pytest.fixture
+def deployment(workdir: Path) -> Iterator[Deployment]:
+    d = connect(Settings.load({"store": f"sqlite:///{workdir / 'jobq.db'}", "history_flush_s": 0}, env={}))
+    yield d
+    d.close()
+
+
+def _effects(workdir: Path, kind: str = "done") -> list[tuple[str, int, int, str]]:
+    conn = sqlite3.connect(workdir / "effects.db", timeout=30)
+    rows = conn.execute("SELECT run_id, attempt, fence, worker FROM effects WHERE kind = ?", (kind,)).fetchall()
+    conn.close()
+    return rows
+
+
+def _spec(task: str, **fields: object) -> JobSpec:
+    return JobSpec.model_validate({"target": TaskTarget(task=task), "schedule_type": "IMMEDIATE", **fields})
+
+
+def _all_runs(d: Deployment) -> list:  # type: ignore[type-arg]
+    runs, cursor = [], None
+    while True:
+        page = d.store.list_runs(RunQuery(cursor=cursor, limit=1000))
+        runs += page.items
+        if page.next_cursor is None:
+            return runs
+        cursor = page.next_cursor
+
+
+def test_every_run_succeeds_exactly_once_across_real_processes(workdir: Path, deployment: Deployment) -> None:
+    procs = Processes(workdir, _env(workdir))
+    try:
+        for name in ("beat", "scanner", "reaper"):
+            procs.start(name, name)
+        procs.start("worker-1", "worker", "-A", "e2e_tasks", "-c", "4")
+        procs.start("worker-2", "worker", "-A", "e2e_tasks", "-c", "4")
+        client = Client(deployment)
+        tiers = list(Priority)
+        instant = [client.submit(_spec("e2e.record", priority=tiers[i % 4])).job.job_id for i in range(500)]
+        delayed = [
+            client.submit(_spec("e2e.record", schedule_type="ONE_OFF", delay_seconds=1 + i % 5)).job.job_id
+            for i in range(50)
+        ]
+        cron = client.submit(
+            _spec("e2e.record", schedule_type="CRON", cron_expression="* * * * * *", overlap_policy="ALLOW_ALL")
+        ).job
+        time.sleep(10)
+        client.cancel(cron.job_id)
+        cancelled_at = deployment.clock.now_ms()
+
+        def finished() -> bool:
+            return all(r.state.terminal for r in _all_runs(deployment))
+
+        wait_until(finished, 90, "every run to finish")
+        runs = _all_runs(deployment)
+        one_offs = [r for r in runs if r.job_id != cron.job_id]
+        cron_runs = [r for r in runs if r.job_id == cron.job_id]
+        assert {r.job_id for r in one_offs} == set(instant) | set(delayed)
+        assert all(r.state is RunState.SUCCEEDED for r in one_offs), procs.logs()
+        fired = [r for r in cron_runs if r.state is RunState.SUCCEEDED]
+        assert len(fired) >= 8, [(r.run_id, r.state) for r in cron_runs]
+        # Runs due before the cancellation ran; the rest were cancelled and never executed.
+        assert all(r.nominal_ms > cancelled_at - 1500 for r in cron_runs if r.state is not RunState.SUCCEEDED)
+
+        effects = _effects(workdir)
+        executed = [row[0] for row in effects]
+        assert len(executed) == len(set(executed)), "a run executed twice"
+        assert set(executed) == {r.run_id for r in runs if r.state is RunState.SUCCEEDED}
+        workers = {row[3] for row in effects}
+        assert len(workers) == 2, "both workers took runs"
+    finally:
+        codes = procs.stop_all()
+    assert all(code == 0 for code in codes.values()), (codes, procs.logs())
+
+
+def test_a_killed_worker_s_run_is_reclaimed_and_completed_elsewhere_with_a_higher_fence(
+    workdir: Path, deployment: Deployment
+) -> None:
+    procs = Processes(workdir, _env(workdir, lease_s="3", heartbeat_s="1", visibility_timeout_s="60"))
+    try:
+        for name in ("beat", "scanner", "reaper"):
+            procs.start(name, name)
+        procs.start("worker-a", "worker", "-A", "e2e_tasks", "-c", "1", "--worker-id", "worker-a")
+        client = Client(deployment)
+        job = client.submit(_spec("e2e.slow", payload={"args": [30]})).job
+
+        def held_by_a() -> bool:
+            run = client.get(job.job_id).current_run
+            return run is not None and run.state is RunState.RUNNING and run.lease_owner == "worker-a"
+
+        wait_until(held_by_a, 30, "worker-a to start the run")
+        wait_until(lambda: bool(_effects(workdir, "started")), 10, "the task to start")
+        held = client.get(job.job_id).current_run
+        assert held is not None
+        procs.kill9("worker-a")
+        procs.start("worker-b", "worker", "-A", "e2e_tasks", "-c", "1", "--worker-id", "worker-b")
+
+        final = client.wait(job.job_id, timeout_s=40)
+        assert final.state is RunState.SUCCEEDED, procs.logs()
+        assert final.attempt == 2
+        assert final.fence > held.fence
+        done = _effects(workdir)
+        assert [(w, a) for _, a, _, w in done] == [("worker-b", 2)]
+        assert done[0][2] == final.fence
+
+        # The killed worker's completion, arriving late with its old fence, is rejected and counted.
+        registry = TaskRegistry()
+        late_worker = Worker(deployment, registry, worker_id="worker-a")
+        before = METRICS.fenced_writes.value(op="complete")
+        from jobq.codec import Envelope
+        from jobq.daemons.worker import _Outcome
+
+        envelope = Envelope(held.run_id, held.job_id, held.fence, "e2e.slow", held.priority, held.attempt)
+        late_worker._finish(envelope, held, Delivery("default", b"", "0:stale", 1), _Outcome(result=None), None)
+        assert METRICS.fenced_writes.value(op="complete") == before + 1
+        after = client.run(held.run_id)
+        assert (after.state, after.fence, after.attempt) == (RunState.SUCCEEDED, final.fence, 2)
+    finally:
+        procs.stop_all()
