@@ -14,8 +14,8 @@ def backoff_ceiling_s(policy: RetryPolicy, attempt: int) -> float:
     exponent = max(attempt - 1, 0)
     try:
         grown = policy.initial_interval_sec * policy.backoff_multiplier**exponent
-    except OverflowError:
-        grown = float("inf")
+    except OverflowError:  # multiplier**exponent is huge, but 0 * huge is still no wait
+        grown = float("inf") if policy.initial_interval_sec > 0 else 0.0
     return min(policy.max_interval_sec, grown)
 
 

@@ -49,6 +49,7 @@ class CronExpr:
     expression: str  # normalised: aliases expanded, single spaces, names upper-cased
     has_seconds: bool  # six fields, seconds first
     wildcard: bool  # minute or hour field starts with '*': fires in both passes of a repeat
+    day_or: bool = True  # crontab(5): both day fields restricted (neither starts with '*') -> either matches
 
 
 def parse_cron(expression: str, dialect: str = "unix") -> CronExpr:
@@ -72,15 +73,17 @@ def parse_cron(expression: str, dialect: str = "unix") -> CronExpr:
         )
     normalised = " ".join(fields)
     has_seconds = len(fields) == 6
+    # croniter ORs the day fields whenever neither is exactly '*'; crontab(5) only when neither starts with '*'.
+    day_or = not (fields[-3].startswith("*") or fields[-1].startswith("*"))
     try:
-        it = croniter(normalised, datetime(2026, 1, 1), second_at_beginning=has_seconds)
+        it = croniter(normalised, datetime(2026, 1, 1), day_or=day_or, second_at_beginning=has_seconds)
         it.get_next(datetime)
     except CroniterBadDateError:
         raise InvalidCron(f"cron expression {expression!r} never fires", field="cron_expression") from None
     except (CroniterError, ValueError, KeyError, IndexError, TypeError) as exc:
         raise InvalidCron(f"invalid cron expression {expression!r}: {exc}", field="cron_expression") from None
     minute, hour = fields[-5], fields[-4]
-    return CronExpr(normalised, has_seconds, minute.startswith("*") or hour.startswith("*"))
+    return CronExpr(normalised, has_seconds, minute.startswith("*") or hour.startswith("*"), day_or)
 
 
 @functools.lru_cache(maxsize=512)
@@ -163,7 +166,12 @@ class CronSchedule:
         self.tz = zone(timezone)
         self.dst_gap = dst_gap
         self.dst_overlap = dst_overlap
-        self._iter = croniter(self.expr.expression, datetime(2026, 1, 1), second_at_beginning=self.expr.has_seconds)
+        self._iter = croniter(
+            self.expr.expression,
+            datetime(2026, 1, 1),
+            day_or=self.expr.day_or,
+            second_at_beginning=self.expr.has_seconds,
+        )
         self._lock = threading.Lock()
 
     @property
@@ -201,7 +209,8 @@ class CronSchedule:
                     return instant
                 start, inclusive = instant, False
                 continue
-            if change.after_ms > change.before_ms and self.dst_gap is DstGap.SHIFT:
+            # Only fixed-time jobs shift out of a gap; wildcard jobs just have no occurrences in it.
+            if change.after_ms > change.before_ms and self.dst_gap is DstGap.SHIFT and not self.expr.wildcard:
                 gap_start, gap_end = change.at_ms + change.before_ms, change.at_ms + change.after_ms
                 in_gap = self._wall_next(gap_start, inclusive=True)
                 if in_gap is not None and in_gap < gap_end and change.at_ms > after_ms:
