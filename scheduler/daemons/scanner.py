@@ -156,12 +156,14 @@ class Scanner(Daemon):
             else:
                 ready.append(run)
         ready = self._collapse_misfires(ready, jobs, plan, now_ms)
-        blocked = self._blockers(ready, jobs)
-        for run in ready:
+        known = self._predecessors(ready, jobs)
+        for run in sorted(ready, key=lambda r: r.nominal_ms):
             job = jobs[run.job_id]
-            prev = blocked.get(run.run_id)
+            watched = job.recurring and job.overlap_policy is not OverlapPolicy.ALLOW_ALL
+            prev = _blocker(run, known) if watched else None
             if prev is None:
                 plan.dispatch.append((run, job))
+                known[run.run_id] = run.model_copy(update={"state": RunState.DISPATCHED})
                 continue
             policy = job.overlap_policy
             METRICS.overlap.inc(action=policy.value)
@@ -178,10 +180,12 @@ class Scanner(Daemon):
                     )
                 )
                 plan.dispatch.append((run, job))
+                known[run.run_id] = run.model_copy(update={"state": RunState.DISPATCHED})
             elif policy is OverlapPolicy.BUFFER_ALL or (
                 policy is OverlapPolicy.BUFFER_ONE and prev.state is not RunState.SCHEDULED
             ):
                 plan.wait(run, now_ms + round(self.settings.overlap_hold_s * 1000), now_ms, blocked_by=prev.run_id)
+                known[run.run_id] = run.model_copy(update={"state": RunState.SCHEDULED, "blocked_by": prev.run_id})
             else:  # SKIP, or BUFFER_ONE with one run already waiting
                 plan.end(
                     run,
@@ -191,6 +195,7 @@ class Scanner(Daemon):
                     now_ms,
                     blocked_by=prev.run_id,
                 )
+                known[run.run_id] = run.model_copy(update={"state": RunState.CANCELLED, "blocked_by": prev.run_id})
         return plan
 
     def _collapse_misfires(self, ready: list[Run], jobs: dict[str, Job], plan: _Plan, now_ms: int) -> list[Run]:
@@ -216,11 +221,11 @@ class Scanner(Daemon):
                     plan.end(run, RunState.CANCELLED, "SKIPPED", f"MISSED: collapsed into {keep.run_id}", now_ms)
         return [r for r in ready if r.run_id not in dropped]
 
-    def _blockers(self, ready: Sequence[Run], jobs: dict[str, Job]) -> dict[str, Run]:
-        """For each run whose job limits overlap: the earlier run still unfinished, if any.
-
-        A run skipped for overlap points (`blocked_by`) at the run that blocked it, so the chain
-        is followed one hop: the blocker of a skipped predecessor blocks this run too."""
+    def _predecessors(self, ready: Sequence[Run], jobs: dict[str, Job]) -> dict[str, Run]:
+        """The previous runs (and, one hop further, their blockers) of runs whose job limits
+        overlap, as the store holds them. The plan overwrites entries with its own decisions as
+        it walks the batch in fire order, so a run held or skipped earlier in the same batch is
+        seen as such by the next one."""
         watched = [
             r
             for r in ready
@@ -230,17 +235,10 @@ class Scanner(Daemon):
         ]
         if not watched:
             return {}
-        prevs = self.store.get_runs([r.prev_run_id for r in watched if r.prev_run_id])
-        hops = [p.blocked_by for p in prevs.values() if p.state is RunState.CANCELLED and p.blocked_by]
-        further = self.store.get_runs(hops) if hops else {}
-        blocked: dict[str, Run] = {}
-        for run in watched:
-            prev = prevs.get(run.prev_run_id or "")
-            if prev is not None and prev.state is RunState.CANCELLED and prev.blocked_by:
-                prev = further.get(prev.blocked_by, prev)
-            if prev is not None and not prev.state.terminal:
-                blocked[run.run_id] = prev
-        return blocked
+        known = self.store.get_runs([r.prev_run_id for r in watched if r.prev_run_id])
+        hops = [p.blocked_by for p in known.values() if p.state is RunState.CANCELLED and p.blocked_by]
+        known.update(self.store.get_runs([h for h in hops if h not in known]) if hops else {})
+        return known
 
     # -- dispatching ----------------------------------------------------------------------------
 
@@ -307,3 +305,12 @@ class Scanner(Daemon):
 
 
 _QUEUE_ORDER = {"critical": 0, "high": 1, "default": 2, "low": 3}
+
+
+def _blocker(run: Run, known: dict[str, Run]) -> Run | None:
+    """The unfinished run that `run` overlaps, if any. A predecessor skipped for overlap points
+    (`blocked_by`) at the run that blocked it, which then blocks this run too."""
+    prev = known.get(run.prev_run_id or "")
+    if prev is not None and prev.state is RunState.CANCELLED and prev.blocked_by:
+        prev = known.get(prev.blocked_by, prev)
+    return prev if prev is not None and not prev.state.terminal else None
