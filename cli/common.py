@@ -8,7 +8,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import click
 from pydantic import ValidationError
@@ -27,7 +27,7 @@ console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
 
 
-def fail(message: str) -> None:
+def fail(message: str) -> NoReturn:
     """Print one line to stderr and exit 2: the CLI's only error path for bad input."""
     err_console.print(f"[bold red]error:[/] {message}", soft_wrap=True)
     raise SystemExit(EXIT_USAGE)
@@ -49,7 +49,6 @@ class JobqGroup(click.Group):
             fail(str(exc))
         except ValidationError as exc:
             fail(describe_validation(exc))
-        return None
 
 
 def backend_options(fn: F) -> F:

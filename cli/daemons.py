@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import threading
@@ -12,6 +13,7 @@ from typing import Any
 import click
 
 from jobq import logs, metrics
+from jobq.cli.common import backend_options, console, err_console, fail, load_apps, load_settings
 from jobq.daemons.base import Daemon
 from jobq.daemons.beat import Beat
 from jobq.daemons.reaper import Reaper
@@ -19,8 +21,6 @@ from jobq.daemons.scanner import Scanner
 from jobq.daemons.worker import Worker
 from jobq.settings import Settings
 from jobq.wiring import Deployment, connect
-
-from .common import backend_options, console, err_console, fail, load_apps, load_settings
 
 
 def daemon_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -34,7 +34,7 @@ def run_until_stopped(d: Deployment, daemons: Sequence[Daemon], on_start: Callab
     """Run each daemon's loop in a thread until SIGTERM/SIGINT, then let each finish its pass,
     hand back what it holds, and exit. A second Ctrl-C exits at once."""
     stop = threading.Event()
-    log = logs.logging.getLogger("jobq")
+    log = logging.getLogger("jobq")
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         if stop.is_set() and signum == signal.SIGINT:

@@ -9,13 +9,21 @@ from typing import Any
 import click
 from rich.table import Table
 
+from jobq.cli.common import (
+    backend_options,
+    console,
+    deployment,
+    fail,
+    json_option,
+    load_apps,
+    load_settings,
+    print_json,
+)
 from jobq.client import Client
 from jobq.models import JobStatus, Priority, RetryPolicy, ScheduleType, TaskTarget
 from jobq.ports import JobQuery
 from jobq.submission import JobSpec
 from jobq.views import event_resource, iso, job_resource, job_summary, run_resource
-
-from .common import backend_options, console, deployment, fail, json_option, load_apps, load_settings, print_json
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -103,7 +111,7 @@ def schedule(
     **options: Any,
 ) -> None:
     """Schedule TASK once (--at, --in), on a cron (--cron, --tz), or now (--now)."""
-    if sum(x is not None and x is not False for x in (cron, at, in_, now or None)) > 1:
+    if sum(bool(x) for x in (cron, at, in_, now)) > 1:
         fail("give only one of --cron, --at, --in and --now")
     kind = ScheduleType.CRON if cron else ScheduleType.ONE_OFF if (at or in_) else ScheduleType.IMMEDIATE
     _app, registry = load_apps(apps) if apps else (None, None)

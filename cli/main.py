@@ -5,9 +5,8 @@ from __future__ import annotations
 import click
 
 from jobq import __version__
-
-from . import daemons, jobs
-from .common import JobqGroup
+from jobq.cli import daemons, jobs
+from jobq.cli.common import JobqGroup
 
 
 @click.group(cls=JobqGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})

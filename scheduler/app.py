@@ -193,6 +193,8 @@ class App:
     @overload
     def task(
         self,
+        fn: None = None,
+        /,
         *,
         name: str | None = None,
         priority: Priority | str = Priority.DEFAULT,
@@ -203,7 +205,7 @@ class App:
 
     def task(
         self,
-        fn: Callable[P, R] | None = None,
+        fn: Callable[..., Any] | None = None,
         /,
         *,
         name: str | None = None,
@@ -211,10 +213,10 @@ class App:
         retry: RetryPolicy | None = None,
         timeout_s: float | None = None,
         bind: bool = False,
-    ) -> Task[P, R] | Callable[[Callable[P, R]], Task[P, R]]:
+    ) -> Any:
         """Register a function as a task, named `module.function` unless `name` is given."""
 
-        def register(func: Callable[P, R]) -> Task[P, R]:
+        def register(func: Callable[..., Any]) -> Task[..., Any]:
             task_name = name or f"{func.__module__}.{func.__qualname__}"
             definition = TaskDef(task_name, func, Priority.parse(priority), retry, timeout_s, bind)
             self.registry.add(definition)

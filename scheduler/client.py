@@ -6,6 +6,8 @@ client) loses cleanly instead of corrupting a run.
 
 from __future__ import annotations
 
+import builtins
+import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -87,7 +89,7 @@ class Client:
             self._index(runs)
         return Submitted(result.job, result.created, result.response, tuple(preview(result.job, now)))
 
-    def prepare(self, spec: JobSpec, known_tasks: set[str] | None = None) -> tuple[Job, list[int]]:
+    def prepare(self, spec: JobSpec, known_tasks: set[str] | None = None) -> tuple[Job, builtins.list[int]]:
         """Validate without writing: the job that `submit` would store and its next fire times."""
         now = self.clock.now_ms()
         job, _runs, _ = build_job(spec, now, self.limits, known_tasks)
@@ -114,7 +116,7 @@ class Client:
 
     def list(self, query: JobQuery) -> Page[Job]:
         if self.tenant_id is not None:
-            query = JobQuery(**{**query.__dict__, "tenant_id": self.tenant_id})  # type: ignore[arg-type]
+            query = dataclasses.replace(query, tenant_id=self.tenant_id)
         return self.store.list_jobs(query)
 
     def runs(self, job_id: str, *, cursor: str | None = None, limit: int = 100) -> Page[Run]:
@@ -127,7 +129,7 @@ class Client:
             raise RunNotFound(run_id)
         return run
 
-    def history(self, job_id: str, limit: int = 1000) -> list[RunEvent]:
+    def history(self, job_id: str, limit: int = 1000) -> builtins.list[RunEvent]:
         self.job(job_id)
         return self.d.history.read(job_id, limit)
 
@@ -248,7 +250,7 @@ class Client:
     def purge(self, run_ids: Sequence[str] | None = None) -> int:
         """Take runs off the dead-letter list (all of this tenant's when `run_ids` is None)."""
         if run_ids is None:
-            targets: list[Run] = []
+            targets: builtins.list[Run] = []
             cursor = None
             while True:
                 page = self.dead_letters(cursor=cursor, limit=500)
@@ -272,9 +274,9 @@ class Client:
 
     # -- helpers --------------------------------------------------------------------------------
 
-    def _open_runs(self, job_id: str, states: frozenset[RunState] = _OPEN) -> list[Run]:
+    def _open_runs(self, job_id: str, states: frozenset[RunState] = _OPEN) -> builtins.list[Run]:
         """The job's unfinished runs: few, since runs are only created within the horizon."""
-        runs: list[Run] = []
+        runs: builtins.list[Run] = []
         cursor = None
         while True:
             page = self.store.list_runs(RunQuery(job_id=job_id, states=states, cursor=cursor, limit=500))

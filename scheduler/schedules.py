@@ -94,8 +94,9 @@ def zone(name: str) -> ZoneInfo:
             raise ValueError
         return ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError, OSError):
-        raise UnknownTimezone(f"unknown timezone {name!r}; use an IANA name such as 'America/New_York'",
-                              field="timezone") from None
+        raise UnknownTimezone(
+            f"unknown timezone {name!r}; use an IANA name such as 'America/New_York'", field="timezone"
+        ) from None
 
 
 def _offset_ms(tz: ZoneInfo, instant_ms: int) -> int:
@@ -240,9 +241,7 @@ class CronSchedule:
 def cron_for(schedule: Schedule) -> CronSchedule:
     """The (cached) cron schedule of a CRON `Schedule`."""
     assert schedule.cron is not None
-    return CronSchedule(
-        schedule.cron, schedule.timezone, dst_gap=schedule.dst_gap, dst_overlap=schedule.dst_overlap
-    )
+    return CronSchedule(schedule.cron, schedule.timezone, dst_gap=schedule.dst_gap, dst_overlap=schedule.dst_overlap)
 
 
 def next_fire(schedule: Schedule, after_ms: int) -> int | None:
@@ -293,15 +292,16 @@ def plan_fires(
     (`fire_once_now`) or all kept (`fire_all`)."""
     assert job.next_fire_ms is not None
     schedule = cron_for(job.schedule)
-    first = job.next_fire_ms
+    start = job.next_fire_ms
+    first: int | None = start
     late_before = now_ms - misfire_threshold_ms
     fires: list[int] = []
     missed = 0
     collapsed: int | None = None
-    if first < late_before:
+    if start < late_before:
         # Jump over the misses instead of walking them: a per-second job down for a day has 86,400.
         window_start = now_ms - job.catchup_window_s * 1000
-        oldest_kept = first if first >= window_start else schedule.next_after(window_start - 1)
+        oldest_kept = start if start >= window_start else schedule.next_after(window_start - 1)
         first = schedule.next_after(late_before - 1)
         missed = 1
         if oldest_kept is not None and (first is None or oldest_kept < first):

@@ -78,9 +78,9 @@ class TaskRegistry:
     def add(self, task: TaskDef) -> None:
         with self._lock:
             existing = self._tasks.get(task.name)
-            if existing is not None and existing.fn is not task.fn:
-                if getattr(existing.fn, "__qualname__", None) != getattr(task.fn, "__qualname__", None):
-                    raise ValueError(f"task name {task.name!r} is already registered to {existing.fn!r}")
+            # The same function registered again (a module imported twice, a reload) is fine.
+            if existing is not None and _qualname(existing.fn) != _qualname(task.fn):
+                raise ValueError(f"task name {task.name!r} is already registered to {existing.fn!r}")
             self._tasks[task.name] = task
 
     def get(self, name: str) -> TaskDef | None:
@@ -94,3 +94,7 @@ class TaskRegistry:
 
     def __len__(self) -> int:
         return len(self._tasks)
+
+
+def _qualname(fn: Callable[..., Any]) -> str:
+    return f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', repr(fn))}"

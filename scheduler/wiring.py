@@ -18,7 +18,6 @@ from jobq.ports import HistorySink, JobStore, TimeIndex, Transport
 from jobq.settings import Settings
 from jobq.sqlitedb import SqliteDatabase, path_from_url
 
-
 _Opener = Callable[[str], SqliteDatabase]
 
 

@@ -54,4 +54,4 @@ def require_rabbitmq() -> str:
 
 
 def have_binary(name: str) -> bool:
-    return subprocess.run(["which", name], capture_output=True).returncode == 0
+    return subprocess.run(["which", name], capture_output=True, check=False).returncode == 0

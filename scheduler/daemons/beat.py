@@ -6,6 +6,8 @@ materialising the same job create the same runs, and the job's advance is a comp
 
 from __future__ import annotations
 
+import contextlib
+
 from jobq.daemons.base import Daemon, event
 from jobq.errors import Conflict, JobqError
 from jobq.logs import run_fields
@@ -54,10 +56,9 @@ class Beat(Daemon):
         added = self.store.add_runs(runs)
         self.d.index.add([IndexEntry(r.run_id, r.due_ms, r.priority) for r in runs if r.state is RunState.SCHEDULED])
         for job in advanced:
-            try:
+            # Another beat (or a pause/cancel) may have moved the job first; its runs are the same runs.
+            with contextlib.suppress(Conflict):
                 self.store.update_job(job)
-            except Conflict:
-                pass  # another beat (or a pause/cancel) moved the job first; its runs are the same runs
         missed_runs = [r for r in added if r.state is RunState.FAILED]
         if missed_runs:
             self.d.history.record([event(r, "MISSED", now_ms) for r in missed_runs])

@@ -121,7 +121,8 @@ _LEASED = "('CLAIMED', 'DISPATCHED', 'RUNNING')"
 # queried columns change together.
 _FINISH_JOB = """
 UPDATE jobq_jobs SET status = ?1, version = version + 1,
-    doc = json_set(doc, '$.status', ?1, '$.version', version + 1, '$.updated_ms', coalesce(?2, json_extract(doc, '$.updated_ms')))
+    doc = json_set(doc, '$.status', ?1, '$.version', version + 1,
+                   '$.updated_ms', coalesce(?2, json_extract(doc, '$.updated_ms')))
 WHERE job_id = ?3 AND status IN ('ACTIVE', 'COMPLETED')
 """
 _CHUNK = 500  # ids per IN (...) list
@@ -263,7 +264,7 @@ class SqliteStore:
     def add_runs(self, runs: Sequence[Run]) -> list[Run]:
         if not runs:
             return []
-        added = []
+        added: list[Run] = []
         with self.db.write() as conn:
             for run in runs:
                 added.extend(run_from_row(r) for r in conn.execute(_INSERT_RUN, _run_values(run)).fetchall())
@@ -426,10 +427,11 @@ def _transition_sql(t: Transition) -> tuple[str, list[Any]]:
     for name, value in t.changes.items():
         sets.append(f"{name} = ?")  # names are whitelisted by Transition
         if name == "result":
-            value = None if value is None else json.dumps(value)
+            params.append(None if value is None else json.dumps(value))
         elif name == "dead_letter":
-            value = int(value)
-        params.append(value)
+            params.append(int(value))
+        else:
+            params.append(value)
     where = [f"run_id = ? AND state IN ({placeholders(len(t.expect))})"]
     params.append(t.run_id)
     params.extend(s.value for s in t.expect)

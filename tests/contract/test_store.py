@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -25,8 +26,26 @@ def _sqlite(tmp_path: Path) -> JobStore:
     return SqliteStore(SqliteDatabase(tmp_path / "store.db"))
 
 
+def _postgres(tmp_path: Path) -> JobStore:
+    """A store in a schema of its own, dropped when the store is closed (skipped without a server)."""
+    from services import require_postgres
+
+    dsn = require_postgres()
+    import psycopg
+
+    from jobq.store.postgres import PostgresStore
+
+    class ScratchStore(PostgresStore):
+        def close(self) -> None:
+            super().close()
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute(f'DROP SCHEMA IF EXISTS "{self.db.schema}" CASCADE')
+
+    return ScratchStore.from_url(f"{dsn}?schema=jobq_contract_{uuid.uuid4().hex[:12]}&pool_max=8")
+
+
 # Backends register here; the production backends add theirs (with a skip when the server is absent).
-STORES: dict[str, Callable[[Path], JobStore]] = {"memory": _memory, "sqlite": _sqlite}
+STORES: dict[str, Callable[[Path], JobStore]] = {"memory": _memory, "sqlite": _sqlite, "postgres": _postgres}
 
 
 @pytest.fixture(params=sorted(STORES))
@@ -51,7 +70,7 @@ def idem(key: str = "k1", fingerprint: str = "f1", job_id: str = "job_1", expire
         job_id=job_id,
         created_ms=T0,
         expires_ms=expires_ms,
-        response='{"job_id": "%s"}' % job_id,
+        response=f'{{"job_id": "{job_id}"}}',
     )
 
 
