@@ -13,6 +13,7 @@ from typing import Any, NoReturn, TypeVar
 import click
 from pydantic import ValidationError
 from rich.console import Console
+from rich.table import Table
 
 from jobq.app import App, default_app
 from jobq.errors import JobqError
@@ -23,8 +24,17 @@ from jobq.wiring import Deployment, connect
 F = TypeVar("F", bound=Callable[..., Any])
 EXIT_USAGE = 2
 
-console = Console(highlight=False)
-err_console = Console(stderr=True, highlight=False)
+# Piped output (scripts, logs) gets whole values: rich would otherwise assume 80 columns.
+console = Console(highlight=False, width=None if sys.stdout.isatty() else 240)
+err_console = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 240)
+
+
+def table(*columns: str) -> Table:
+    """A table whose cells wrap rather than end in an ellipsis: ids must stay copyable."""
+    t = Table(*columns)
+    for column in t.columns:
+        column.overflow = "fold"
+    return t
 
 
 def fail(message: str) -> NoReturn:

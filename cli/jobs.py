@@ -19,6 +19,7 @@ from jobq.cli.common import (
     load_settings,
     print_json,
 )
+from jobq.cli.common import table as new_table
 from jobq.client import Client
 from jobq.models import JobStatus, Priority, RetryPolicy, ScheduleType, TaskTarget
 from jobq.ports import JobQuery
@@ -232,8 +233,7 @@ def list_jobs(
     if as_json:
         print_json({"jobs": [job_summary(j) for j in page.items], "next_cursor": page.next_cursor})
         return
-    table = Table("job_id", "name", "status", "type", "schedule", "priority")
-    table.columns[0].no_wrap = True
+    table = new_table("job_id", "name", "status", "type", "schedule", "priority")
     for job in page.items:
         table.add_row(
             job.job_id,
@@ -260,8 +260,7 @@ def runs(job_id: str, limit: int, as_json: bool, **options: Any) -> None:
     if as_json:
         print_json({"runs": [run_resource(r) for r in page.items], "next_cursor": page.next_cursor})
         return
-    table = Table("run_id", "state", "attempt", "fence", "nominal", "finished", "error")
-    table.columns[0].no_wrap = True
+    table = new_table("run_id", "state", "attempt", "fence", "nominal", "finished", "error")
     for r in page.items:
         table.add_row(
             r.run_id,
@@ -286,7 +285,7 @@ def history(job_id: str, as_json: bool, **options: Any) -> None:
     if as_json:
         print_json({"events": [event_resource(e) for e in events]})
         return
-    table = Table("at", "run_id", "attempt", "fence", "event", "worker", "ms", "error")
+    table = new_table("at", "run_id", "attempt", "fence", "event", "worker", "ms", "error")
     for e in events:
         table.add_row(
             _iso(e.at_ms),
@@ -343,8 +342,7 @@ def dlq_list(limit: int, cursor: str | None, as_json: bool, **options: Any) -> N
     if as_json:
         print_json({"runs": [run_resource(r) for r in page.items], "next_cursor": page.next_cursor})
         return
-    table = Table("run_id", "attempt", "failed", "error")
-    table.columns[0].no_wrap = True
+    table = new_table("run_id", "attempt", "failed", "error")
     for r in page.items:
         table.add_row(r.run_id, str(r.attempt), _iso(r.finished_ms), (r.last_error or "")[:80])
     console.print(table)

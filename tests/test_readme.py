@@ -1,0 +1,114 @@
+"""The README's commands work as written: the run command, the tour, and the test command in CI."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from procs import wait_until
+
+from jobq.client import Client
+from jobq.models import RunState
+from jobq.ports import JobQuery
+from jobq.settings import Settings
+from jobq.wiring import Deployment, connect
+
+REPO = Path(__file__).resolve().parent.parent
+README = (REPO / "README.md").read_text()
+
+
+def block(marker: str) -> list[str]:
+    """The command lines of the code block after `<!-- readme:marker -->`."""
+    match = re.search(rf"<!-- readme:{marker} -->\s*```sh\n(.*?)```", README, re.S)
+    assert match, f"README has no readme:{marker} block"
+    return [line for line in match.group(1).splitlines() if line.strip()]
+
+
+def test_ci_runs_the_readme_test_command() -> None:
+    [command] = block("test")
+    ci = (REPO / ".ci" / "run").read_text().splitlines()
+    assert command in [line.strip() for line in ci if not line.lstrip().startswith("#")]
+
+
+@pytest.fixture
+def quickstart(tmp_path: Path) -> Iterator[tuple[Deployment, dict[str, str]]]:
+    """The README's run command, as written, against a database of this test's own."""
+    [command] = block("run")
+    env = {**os.environ, "JOBQ_STORE": f"sqlite:///{tmp_path / 'jobq.db'}", "PYTHONUNBUFFERED": "1"}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    log = tmp_path / "dev.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            ["sh", "-c", command], cwd=REPO, env=env, stdout=out, stderr=out, start_new_session=True
+        )
+    d = connect(Settings.load({"store": env["JOBQ_STORE"], "history_flush_s": 0}, env={}))
+    try:
+        yield d, env
+    finally:
+        d.close()
+        # Ctrl-C to jobq itself (the shell's child); the shell then exits with jobq's code.
+        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
+        for child in children.read_text().split() if children.exists() else []:
+            os.kill(int(child), signal.SIGINT)
+        try:
+            code = proc.wait(timeout=60)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+        assert code == 0, log.read_text()[-4000:]
+        assert "stopped after" in log.read_text()  # a graceful shutdown, not a kill
+
+
+def test_the_quickstart_runs_each_kind_of_job_and_the_tour_works(
+    quickstart: tuple[Deployment, dict[str, str]],
+) -> None:
+    d, env = quickstart
+    client = Client(d)
+
+    def runs_of(task: str) -> list[RunState]:
+        jobs = [j for j in client.list(JobQuery(limit=1000)).items if j.name == task]
+        return [r.state for j in jobs for r in client.runs(j.job_id).items]
+
+    wait_until(lambda: runs_of("examples.hello").count(RunState.SUCCEEDED) >= 1, 90, "the instant hello")
+    wait_until(lambda: RunState.SUCCEEDED in runs_of("examples.flaky"), 30, "flaky to succeed")
+    wait_until(lambda: bool(client.dead_letters().items), 30, "broken to be dead-lettered")
+    wait_until(lambda: runs_of("examples.hello").count(RunState.SUCCEEDED) >= 2, 30, "the one-off in 5 s")
+    wait_until(lambda: RunState.SUCCEEDED in runs_of("examples.tick"), 30, "the cron tick")
+    flaky = [r for j in client.list(JobQuery(limit=1000)).items if j.name == "examples.flaky"
+             for r in client.runs(j.job_id).items]
+    assert [(r.state, r.attempt) for r in flaky] == [(RunState.SUCCEEDED, 3)]
+    [dead] = client.dead_letters().items
+    assert dead.last_error is not None and "always fails" in dead.last_error
+
+    tour = block("tour")
+    *oneshots, worker_line = tour
+    outputs = []
+    for line in oneshots:
+        result = subprocess.run(shlex.split(line), cwd=REPO, env=env, capture_output=True, text=True, check=False)
+        assert result.returncode == 0, (line, result.stdout, result.stderr)
+        outputs.append(result.stdout)
+    scheduled = re.search(r"scheduled (\S+)", outputs[0])
+    assert scheduled, outputs[0]
+    job_id = scheduled.group(1)
+    status = subprocess.run(["jobq", "status", job_id], cwd=REPO, env=env, capture_output=True, text=True, check=False)
+    assert status.returncode == 0 and job_id in status.stdout
+    assert "examples.hello" in outputs[2]  # jobq list
+    assert dead.run_id[:12] in outputs[3]  # jobq dlq list
+
+    worker = subprocess.Popen(shlex.split(worker_line), cwd=REPO, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_until(lambda: client.run(f"{job_id}:{client.job(job_id).schedule.at_ms}").state is RunState.SUCCEEDED,
+                   40, "the tour's hello in 10 s")
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        out, _ = worker.communicate(timeout=60)
+    assert worker.returncode == 0, out
+    assert "serving critical,high with 2 slots" in out
