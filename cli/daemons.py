@@ -78,7 +78,7 @@ def _queues(value: str | None) -> tuple[str, ...] | None:
     known = {"critical", "high", "default", "low"}
     unknown = [q for q in queues if q not in known]
     if unknown or not queues:
-        fail(f"unknown queue(s) {', '.join(unknown) or value!r}; use critical, high, default, low")
+        fail(f"unknown queue(s) {', '.join(unknown) or repr(value)}; use critical, high, default, low")
     return queues
 
 

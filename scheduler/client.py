@@ -109,9 +109,13 @@ class Client:
         newest = self.store.list_runs(RunQuery(job_id=job_id, limit=1)).items
         current = _current([*self._open_runs(job_id), *newest])
         now = self.clock.now_ms()
-        upcoming = preview(job, now) if job.status is JobStatus.ACTIVE and job.recurring else []
-        if not job.recurring and current is not None and not current.state.terminal:
+        upcoming: builtins.list[int] = []
+        if job.status is JobStatus.ACTIVE and job.recurring:
+            upcoming = preview(job, now)
+        elif current is not None and not current.state.terminal:
             upcoming = [current.due_ms]
+        elif job.next_fire_ms is not None and job.status is JobStatus.ACTIVE:
+            upcoming = [job.next_fire_ms]  # a one-off beyond the horizon: its run is not created yet
         return JobView(job, current, counts, tuple(upcoming))
 
     def list(self, query: JobQuery) -> Page[Job]:
