@@ -1,0 +1,1 @@
+"""Integrations around jobq: fence guards for downstream writes (`jobq.contrib.fencing`)."""
