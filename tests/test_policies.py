@@ -319,3 +319,30 @@ def test_beat_repairs_an_index_that_lost_its_entries(tmp_path: Path, clock: Manu
         assert len(ran) == 20
     finally:
         h.close()
+
+
+def test_shutdown_hands_back_runs_that_outlive_the_grace_period(tmp_path: Path, clock: ManualClock) -> None:
+    h = Harness("sqlite", tmp_path, clock, shutdown_grace_s=0.2)
+    release = threading.Event()
+    started = threading.Event()
+    try:
+
+        @h.app.task(name="t.stuck", bind=True)
+        def stuck(ctx: TaskContext) -> None:
+            started.set()
+            release.wait(10)
+
+        handle = stuck.delay()
+        h.dispatch()
+        worker = h.worker()
+        worker.run_once(h.clock.now_ms())
+        assert started.wait(5)
+        held = h.client.get(handle.job_id).current_run
+        assert held is not None and held.state is RunState.RUNNING
+        worker.shutdown()
+        back = h.client.run(held.run_id)
+        assert (back.state, back.attempt, back.fence) == (RunState.SCHEDULED, 1, held.fence + 1)
+        assert back.last_error == "handed back: worker shut down"
+    finally:
+        release.set()
+        h.close()

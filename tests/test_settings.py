@@ -1,0 +1,82 @@
+"""Settings come from defaults, a TOML file, JOBQ_* variables and flags, in that order."""
+
+from __future__ import annotations
+
+import urllib.request
+from pathlib import Path
+
+import pytest
+from services import free_port
+
+from jobq.errors import ConfigError
+from jobq.metrics import METRICS, serve
+from jobq.settings import Settings
+
+
+def test_defaults_are_the_embedded_deployment() -> None:
+    s = Settings.load(env={})
+    assert s.store_url == "sqlite:///jobq.db"
+    assert (s.index, s.broker, s.history) == ("sqlite:///jobq.db",) * 3
+    assert (s.lease_s, s.heartbeat_s, s.scan_interval_s) == (30.0, 10.0, 0.25)
+
+
+def test_file_then_environment_then_flags(tmp_path: Path) -> None:
+    config = tmp_path / "jobq.toml"
+    config.write_text('[jobq]\nstore = "sqlite:///from-file.db"\nconcurrency = 3\nlease_s = 20\n')
+    env = {"JOBQ_CONFIG": str(config), "JOBQ_CONCURRENCY": "5", "JOBQ_QUEUES": "critical, high"}
+    s = Settings.load({"lease_s": 15}, env=env)
+    assert s.store_url == "sqlite:///from-file.db"
+    assert s.concurrency == 5
+    assert s.lease_s == 15
+    assert s.queues == ("critical", "high")
+
+
+def test_a_bad_value_names_the_key_and_the_value() -> None:
+    with pytest.raises(ConfigError) as err:
+        Settings.load(env={"JOBQ_HEARTBEAT_S": "often"})
+    assert "heartbeat_s" in str(err.value) and "'often'" in str(err.value)
+
+
+def test_unknown_keys_in_a_file_are_refused(tmp_path: Path) -> None:
+    config = tmp_path / "jobq.toml"
+    config.write_text("leese_s = 3\n")
+    with pytest.raises(ConfigError) as err:
+        Settings.load(config_file=config, env={})
+    assert "leese_s" in str(err.value)
+
+
+def test_a_missing_or_broken_config_file_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="no such file"):
+        Settings.load(config_file=tmp_path / "missing.toml", env={})
+    broken = tmp_path / "broken.toml"
+    broken.write_text("store = ")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        Settings.load(config_file=broken, env={})
+
+
+def test_a_server_store_needs_its_other_backends_named() -> None:
+    s = Settings.load({"store": "postgresql://db/jobs"}, env={})
+    with pytest.raises(ConfigError, match="--index, --broker and --history"):
+        _ = s.broker
+
+
+def test_settings_are_frozen() -> None:
+    s = Settings.load(env={})
+    with pytest.raises(ValueError):
+        s.lease_s = 1  # type: ignore[misc]
+
+
+def test_metrics_are_served_in_prometheus_text_format() -> None:
+    METRICS.dispatched.inc(priority="HIGH")
+    METRICS.dispatch_lateness.observe(0.2, priority="HIGH")
+    port = free_port()
+    server = serve(port, host="127.0.0.1")
+    try:
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert "# TYPE jobq_runs_dispatched_total counter" in body
+    assert 'jobq_runs_dispatched_total{priority="HIGH"}' in body
+    assert 'jobq_dispatch_lateness_seconds_bucket{priority="HIGH",le="0.25"}' in body
+    assert "jobq_fenced_writes_total" in body
