@@ -321,3 +321,18 @@ class IdempotencyRecord(_Record):
     response: str | None = None  # the original response, replayed verbatim
     created_ms: int
     expires_ms: int
+
+
+class ApiToken(_Record):
+    """An HTTP API token: only its SHA-256 is stored; the secret is shown once, at creation."""
+
+    token_id: str
+    tenant_id: str
+    name: str = ""
+    token_hash: str
+    created_ms: int
+    revoked_ms: int | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.revoked_ms is None

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar, runtime_checkable
 
 from jobq.models import (
+    ApiToken,
     IdempotencyRecord,
     Job,
     JobStatus,
@@ -138,6 +139,30 @@ class JobStore(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+class TenantStore(Protocol):
+    """API tokens and per-tenant webhook signing secrets; implemented by the store backends."""
+
+    def put_token(self, token: ApiToken) -> None:
+        """Store a new token. Raises `Conflict` if its id or hash exists."""
+        ...
+
+    def find_token(self, token_hash: str) -> ApiToken | None:
+        """The token with this hash, revoked or not."""
+        ...
+
+    def list_tokens(self, tenant_id: str | None = None) -> list[ApiToken]:
+        """Tokens of one tenant (all when None), oldest first."""
+        ...
+
+    def revoke_token(self, token_id: str, now_ms: int) -> bool:
+        """Revoke the token; False when no active token has this id. Idempotent."""
+        ...
+
+    def tenant_secret(self, tenant_id: str, candidate: str) -> str:
+        """The tenant's webhook signing secret, atomically created as `candidate` if it has none."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from jobq.errors import Conflict, DuplicateJob, IdempotencyConflict, JobNotFound
 from jobq.models import (
     LEASED_STATES,
+    ApiToken,
     IdempotencyRecord,
     Job,
     JobStatus,
@@ -78,6 +79,8 @@ class MemoryStore:
         self._runs: dict[str, Run] = {}
         self._idempotency: dict[tuple[str, str], IdempotencyRecord] = {}
         self._workers: dict[str, set[str]] = {}
+        self._tokens: dict[str, ApiToken] = {}
+        self._secrets: dict[str, str] = {}
 
     def create_job(self, job: Job, runs: Sequence[Run], idempotency: IdempotencyRecord | None = None) -> CreateResult:
         with self._lock:
@@ -236,6 +239,33 @@ class MemoryStore:
     def known_tasks(self) -> set[str]:
         with self._lock:
             return set().union(*self._workers.values()) if self._workers else set()
+
+    def put_token(self, token: ApiToken) -> None:
+        with self._lock:
+            if token.token_id in self._tokens or any(t.token_hash == token.token_hash for t in self._tokens.values()):
+                raise Conflict(f"token {token.token_id!r} exists")
+            self._tokens[token.token_id] = token
+
+    def find_token(self, token_hash: str) -> ApiToken | None:
+        with self._lock:
+            return next((t for t in self._tokens.values() if t.token_hash == token_hash), None)
+
+    def list_tokens(self, tenant_id: str | None = None) -> list[ApiToken]:
+        with self._lock:
+            tokens = [t for t in self._tokens.values() if tenant_id is None or t.tenant_id == tenant_id]
+        return sorted(tokens, key=lambda t: (t.created_ms, t.token_id))
+
+    def revoke_token(self, token_id: str, now_ms: int) -> bool:
+        with self._lock:
+            token = self._tokens.get(token_id)
+            if token is None or not token.active:
+                return False
+            self._tokens[token_id] = token.model_copy(update={"revoked_ms": now_ms})
+            return True
+
+    def tenant_secret(self, tenant_id: str, candidate: str) -> str:
+        with self._lock:
+            return self._secrets.setdefault(tenant_id, candidate)
 
     def close(self) -> None:
         pass

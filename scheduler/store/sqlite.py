@@ -13,8 +13,8 @@ import sqlite3
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from jobq.errors import Conflict, DuplicateJob, IdempotencyConflict, JobNotFound
-from jobq.models import PRIORITIES_BY_RANK, IdempotencyRecord, Job, Run, RunState, Transition
+from jobq.errors import Conflict, DuplicateJob, IdempotencyConflict, JobNotFound, StoreError
+from jobq.models import PRIORITIES_BY_RANK, ApiToken, IdempotencyRecord, Job, Run, RunState, Transition
 from jobq.ports import CreateResult, JobQuery, Page, RunQuery
 from jobq.sqlitedb import SqliteDatabase, placeholders
 from jobq.store.memory import parse_run_cursor, run_cursor
@@ -77,6 +77,20 @@ CREATE TABLE IF NOT EXISTS jobq_idempotency (
     created_ms  INTEGER NOT NULL,
     expires_ms  INTEGER NOT NULL,
     PRIMARY KEY (tenant_id, key)
+);
+
+CREATE TABLE IF NOT EXISTS jobq_tokens (
+    token_id   TEXT PRIMARY KEY,
+    tenant_id  TEXT NOT NULL,
+    name       TEXT NOT NULL,
+    token_hash TEXT NOT NULL UNIQUE,
+    created_ms INTEGER NOT NULL,
+    revoked_ms INTEGER
+);
+
+CREATE TABLE IF NOT EXISTS jobq_tenants (
+    tenant_id      TEXT PRIMARY KEY,
+    webhook_secret TEXT NOT NULL
 );
 
 CREATE TABLE IF NOT EXISTS jobq_workers (
@@ -411,6 +425,44 @@ class SqliteStore:
         for row in self.db.read("SELECT tasks FROM jobq_workers"):
             names.update(json.loads(row["tasks"]))
         return names
+
+    # -- tokens and tenants -------------------------------------------------------------------
+
+    def put_token(self, token: ApiToken) -> None:
+        try:
+            with self.db.write() as conn:
+                conn.execute(
+                    "INSERT INTO jobq_tokens VALUES (?, ?, ?, ?, ?, ?)",
+                    (token.token_id, token.tenant_id, token.name, token.token_hash, token.created_ms, token.revoked_ms),
+                )
+        except StoreError as exc:
+            raise Conflict(f"token {token.token_id!r} exists") from exc
+
+    def find_token(self, token_hash: str) -> ApiToken | None:
+        rows = self.db.read("SELECT * FROM jobq_tokens WHERE token_hash = ?", (token_hash,))
+        return ApiToken.model_validate(dict(rows[0])) if rows else None
+
+    def list_tokens(self, tenant_id: str | None = None) -> list[ApiToken]:
+        if tenant_id is None:
+            rows = self.db.read("SELECT * FROM jobq_tokens ORDER BY created_ms, token_id")
+        else:
+            rows = self.db.read(
+                "SELECT * FROM jobq_tokens WHERE tenant_id = ? ORDER BY created_ms, token_id", (tenant_id,)
+            )
+        return [ApiToken.model_validate(dict(r)) for r in rows]
+
+    def revoke_token(self, token_id: str, now_ms: int) -> bool:
+        with self.db.write() as conn:
+            cur = conn.execute(
+                "UPDATE jobq_tokens SET revoked_ms = ? WHERE token_id = ? AND revoked_ms IS NULL", (now_ms, token_id)
+            )
+            return cur.rowcount == 1
+
+    def tenant_secret(self, tenant_id: str, candidate: str) -> str:
+        with self.db.write() as conn:
+            conn.execute("INSERT OR IGNORE INTO jobq_tenants VALUES (?, ?)", (tenant_id, candidate))
+            row = conn.execute("SELECT webhook_secret FROM jobq_tenants WHERE tenant_id = ?", (tenant_id,)).fetchone()
+        return str(row[0])
 
     def close(self) -> None:
         self.db.close()
