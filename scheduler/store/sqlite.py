@@ -192,7 +192,8 @@ class SqliteStore:
         with self.db.write() as conn:
             if idempotency is not None:
                 known = conn.execute(
-                    "SELECT fingerprint, job_id, response, expires_ms FROM jobq_idempotency WHERE tenant_id=? AND key=?",
+                    "SELECT fingerprint, job_id, response, expires_ms FROM jobq_idempotency "
+                    "WHERE tenant_id = ? AND key = ?",
                     (idempotency.tenant_id, idempotency.key),
                 ).fetchone()
                 if known is not None and known["expires_ms"] > idempotency.created_ms:
