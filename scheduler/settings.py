@@ -50,6 +50,20 @@ class Settings(BaseModel):
     concurrency: int = Field(default=4, ge=1, le=1024)
     queues: tuple[str, ...] = ("critical", "high", "default", "low")
 
+    # HTTP API (`jobq api`, `jobq dev`)
+    api_host: str = "127.0.0.1"
+    api_port: int = Field(default=8080, ge=0, le=65535)
+    api_workers: int = Field(default=1, ge=1, le=64)
+    api_max_body_bytes: int = Field(default=1024 * 1024, gt=0)
+    api_max_header_bytes: int = Field(default=16 * 1024, gt=0)
+    rate_limit_per_s: float = Field(default=100.0, gt=0, description="submissions per tenant per second")
+    rate_limit_burst: int = Field(default=200, ge=1)
+    # Webhook targets: private, loopback, link-local and metadata addresses are refused unless
+    # a CIDR here allows them (`jobq dev` allows loopback so the examples work).
+    webhook_allow_cidrs: tuple[str, ...] = ()
+    webhook_max_headers: int = Field(default=20, ge=0, le=100)
+    webhook_response_bytes: int = Field(default=4096, ge=0, le=1024 * 1024)
+
     metrics_port: int | None = None
     log_level: str = "INFO"
     log_format: str = Field(default="text", pattern="^(text|json)$")
@@ -124,5 +138,6 @@ def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
         key = _ALIASES.get(key, key)
         if key not in fields:
             continue
-        out[key] = tuple(q.strip() for q in value.split(",") if q.strip()) if key == "queues" else value
+        is_list = key in ("queues", "webhook_allow_cidrs")
+        out[key] = tuple(q.strip() for q in value.split(",") if q.strip()) if is_list else value
     return out

@@ -11,9 +11,9 @@ import contextvars
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-from jobq.models import Priority, RetryPolicy
+from jobq.models import Job, Priority, RetryPolicy
 
 _current: contextvars.ContextVar[TaskContext | None] = contextvars.ContextVar("jobq_task_context", default=None)
 
@@ -51,6 +51,14 @@ def bind_context(ctx: TaskContext | None) -> contextvars.Token[TaskContext | Non
 
 def reset_context(token: contextvars.Token[TaskContext | None]) -> None:
     _current.reset(token)
+
+
+class WebhookCaller(Protocol):
+    """Calls a job's HTTP_WEBHOOK target for one attempt. Returns what to keep on the run
+    (status and the start of the body); raises an exception with `retryable`, `retry_after_s`
+    and `result` attributes to steer the retry decision."""
+
+    def __call__(self, job: Job, ctx: TaskContext) -> Any: ...
 
 
 @dataclass(frozen=True)

@@ -346,3 +346,67 @@ def test_shutdown_hands_back_runs_that_outlive_the_grace_period(tmp_path: Path, 
     finally:
         release.set()
         h.close()
+
+
+class _Refused(Exception):
+    retryable = False
+    result = {"status": 400, "body": "bad request"}
+
+
+class _Busy(Exception):
+    retryable = True
+    retry_after_s = 120.0
+    result = {"status": 429, "body": ""}
+
+
+def _webhook_job(h: Harness) -> str:
+    from jobq.submission import JobSpec
+
+    spec = JobSpec.model_validate(
+        {
+            "schedule_type": "IMMEDIATE",
+            "target": {"type": "HTTP_WEBHOOK", "endpoint": "https://hooks.example/x"},
+            "payload": {"n": 1},
+        }
+    )
+    return h.client.submit(spec).job.job_id
+
+
+def test_a_webhook_job_runs_through_the_worker_s_caller_with_its_job(h: Harness) -> None:
+    calls: list[tuple[str, object, int]] = []
+
+    def caller(job, ctx):  # type: ignore[no-untyped-def]
+        calls.append((job.target.endpoint, job.payload, ctx.fence))
+        return {"status": 200, "body": "ok"}
+
+    job_id = _webhook_job(h)
+    h.dispatch()
+    h.work(h.worker(webhook=caller))
+    run = h.client.get(job_id).current_run
+    assert run is not None and (run.state, run.result) == (RunState.SUCCEEDED, {"status": 200, "body": "ok"})
+    assert calls == [("https://hooks.example/x", {"n": 1}, run.fence)]
+
+
+def test_an_exception_can_say_it_is_not_retryable_and_what_to_keep(h: Harness) -> None:
+    def caller(job, ctx):  # type: ignore[no-untyped-def]
+        raise _Refused("HTTP 400")
+
+    job_id = _webhook_job(h)
+    h.dispatch()
+    h.work(h.worker(webhook=caller))
+    run = h.client.get(job_id).current_run
+    assert run is not None and (run.state, run.attempt, run.dead_letter) == (RunState.FAILED, 1, True)
+    assert run.result == {"status": 400, "body": "bad request"}
+
+
+def test_an_exception_s_retry_after_raises_the_backoff(h: Harness) -> None:
+    def caller(job, ctx):  # type: ignore[no-untyped-def]
+        raise _Busy("HTTP 429")
+
+    job_id = _webhook_job(h)
+    h.dispatch()
+    now = h.clock.now_ms()
+    h.work(h.worker(webhook=caller))
+    run = h.client.get(job_id).current_run
+    assert run is not None and (run.state, run.attempt) == (RunState.SCHEDULED, 2)
+    assert run.due_ms >= now + 120_000

@@ -24,10 +24,10 @@ from jobq.daemons.base import Daemon, event
 from jobq.ids import new_worker_id
 from jobq.logs import run_fields
 from jobq.metrics import METRICS
-from jobq.models import Job, JobStatus, Run, RunState, Transition
+from jobq.models import WEBHOOK_TASK, Job, JobStatus, Run, RunState, Transition, WebhookTarget
 from jobq.ports import Delivery, IndexEntry
 from jobq.retry import decide
-from jobq.tasks import TaskContext, TaskDef, TaskRegistry
+from jobq.tasks import TaskContext, TaskDef, TaskRegistry, WebhookCaller
 from jobq.wiring import Deployment
 
 _STARTABLE = frozenset({RunState.CLAIMED, RunState.DISPATCHED})
@@ -35,6 +35,7 @@ _RUNNING = frozenset({RunState.RUNNING})
 UNKNOWN_TASK_REDELIVERIES = 5  # other workers may serve it; after this many deliveries the run fails
 RESULT_MAX_BYTES = 64 * 1024
 _MONITOR_TICK_S = 0.5
+_WEBHOOK = TaskDef(WEBHOOK_TASK, lambda: None)  # a marker: resolved per run by `_webhook_task`
 
 
 @dataclass
@@ -60,9 +61,11 @@ class Worker(Daemon):
         queues: Sequence[str] | None = None,
         concurrency: int | None = None,
         worker_id: str | None = None,
+        webhook: WebhookCaller | None = None,
     ) -> None:
         super().__init__(deployment)
         self.registry = registry
+        self.webhook = webhook
         self.queues = list(queues or self.settings.queues)
         self.concurrency = concurrency or self.settings.concurrency
         self.worker_id = worker_id or new_worker_id("worker")
@@ -204,6 +207,8 @@ class Worker(Daemon):
             self.d.transport.ack([delivery])
             return
         task = self.registry.get(envelope.task)
+        if task is None and envelope.task == WEBHOOK_TASK and self.webhook is not None:
+            task = _WEBHOOK
         if task is None and delivery.delivery_count < UNKNOWN_TASK_REDELIVERIES:
             self.d.transport.nack([delivery], delay_s=1.0)  # another worker may serve it
             return
@@ -232,11 +237,27 @@ class Worker(Daemon):
         if task is None:
             outcome: _Outcome = _Outcome(error=f"UnknownTask: no worker serves {envelope.task!r}", retryable=False)
         else:
-            if not envelope.payload_inline:
+            if not envelope.payload_inline or task is _WEBHOOK:
                 job = self.store.get_jobs([run.job_id]).get(run.job_id)
             payload = envelope.payload if envelope.payload_inline else (job.payload if job else None)
+            if task is _WEBHOOK:
+                task = self._webhook_task(job)
+                payload = None
             outcome = self._execute(task, run, ctx, delivery, payload, job, now)
         self._finish(envelope, run, delivery, outcome, job)
+
+    def _webhook_task(self, job: Job | None) -> TaskDef:
+        """The built-in task that calls the job's HTTP target (the caller reads target and payload)."""
+        caller = self.webhook
+        assert caller is not None
+
+        def call(ctx: TaskContext) -> Any:
+            if job is None:
+                raise LookupError("the job no longer exists")
+            return caller(job, ctx)
+
+        timeout = job.target.timeout_seconds + 5 if job is not None and isinstance(job.target, WebhookTarget) else None
+        return TaskDef(WEBHOOK_TASK, call, timeout_s=timeout, bind=True)
 
     def _execute(
         self, task: TaskDef, run: Run, ctx: TaskContext, delivery: Delivery, payload: Any, job: Job | None, now: int
@@ -253,7 +274,17 @@ class Worker(Daemon):
             result = task.call(ctx, args, kwargs)
             return _Outcome(result=result)
         except Exception as exc:
-            return _Outcome(exc=exc, error=f"{type(exc).__name__}: {exc}"[:2000])
+            # An exception may say how it should be treated (webhook responses do): whether it is
+            # retryable, how long the server asked us to wait, and what to keep on the run.
+            retryable = getattr(exc, "retryable", None)
+            retry_after = getattr(exc, "retry_after_s", None)
+            return _Outcome(
+                result=getattr(exc, "result", None),
+                exc=exc,
+                error=f"{type(exc).__name__}: {exc}"[:2000],
+                retryable=retryable if isinstance(retryable, bool) else None,
+                retry_after_s=retry_after if isinstance(retry_after, int | float) else None,
+            )
         finally:
             with active.lock:
                 active.done = True
@@ -306,10 +337,16 @@ class Worker(Daemon):
                 run.attempt,
                 outcome.exc if outcome.exc is not None else error,
                 age_s=(now - run.nominal_ms) / 1000,
-                retryable=False if outcome.retryable is False else None,
+                retryable=outcome.retryable,
+                retry_after_s=outcome.retry_after_s,
             )
             retry, delay_s, reason = verdict.retry, verdict.delay_s, verdict.reason
-        cleared = {"lease_owner": None, "lease_expires_ms": None, "last_error": reason[:2000]}
+        cleared = {
+            "lease_owner": None,
+            "lease_expires_ms": None,
+            "last_error": reason[:2000],
+            "result": _jsonable(outcome.result),
+        }
         if retry:
             changes = {
                 **cleared,
@@ -421,6 +458,7 @@ class _Outcome:
     exc: BaseException | None = None
     error: str | None = None
     retryable: bool | None = None
+    retry_after_s: float | None = None
 
     @property
     def ok(self) -> bool:
