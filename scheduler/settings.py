@@ -70,15 +70,15 @@ class Settings(BaseModel):
 
     @property
     def index(self) -> str:
-        return self.index_url or _same_database(self.store_url)
+        return self.index_url or _same_database(self.store_url, "index", sql_servers=True)
 
     @property
     def broker(self) -> str:
-        return self.broker_url or _same_database(self.store_url)
+        return self.broker_url or _same_database(self.store_url, "broker", sql_servers=False)
 
     @property
     def history(self) -> str:
-        return self.history_url or _same_database(self.store_url)
+        return self.history_url or _same_database(self.store_url, "history", sql_servers=True)
 
     @classmethod
     def load(
@@ -111,10 +111,14 @@ class Settings(BaseModel):
         return Settings.model_validate(merged)
 
 
-def _same_database(store_url: str) -> str:
+def _same_database(store_url: str, role: str, *, sql_servers: bool) -> str:
+    """The store's own URL where the store can play `role`: SQLite and memory play every role;
+    PostgreSQL is also the time index and the history, but not a broker."""
     if store_url.startswith(("sqlite:", "memory:")):
         return store_url
-    raise ConfigError("store", store_url, "a non-embedded store needs --index, --broker and --history URLs")
+    if sql_servers and store_url.startswith(("postgresql:", "postgres:")):
+        return store_url
+    raise ConfigError(role, None, f"this store cannot be the {role}: give --{role} (JOBQ_{role.upper()})")
 
 
 def _from_file(path: Path) -> dict[str, Any]:

@@ -55,10 +55,17 @@ def connect(settings: Settings, clock: Clock = SYSTEM_CLOCK) -> Deployment:
         return databases[path]
 
     store = _store(settings.store_url, sqlite)
-    index = _index(settings.index, store, sqlite)
-    transport = _transport(settings, sqlite, clock)
-    history = _history(settings.history, sqlite, settings.history_flush_s)
+    try:
+        index = _index(settings.index, store, sqlite)
+        transport = _transport(settings, sqlite, clock)
+        history = _history(settings.history, store, sqlite, settings.history_flush_s)
+    except BaseException:
+        store.close()  # a pooled store left to the garbage collector stops its threads badly
+        raise
     return Deployment(settings, store, index, transport, history, clock)
+
+
+_POSTGRES = ("postgresql", "postgres")
 
 
 def _scheme(url: str) -> str:
@@ -75,7 +82,11 @@ def _store(url: str, sqlite: _Opener) -> JobStore:
         from jobq.store.memory import MemoryStore
 
         return MemoryStore()
-    raise ConfigError("store", url, "unsupported store URL; use sqlite:///path.db or memory://")
+    if scheme in _POSTGRES:
+        from jobq.store.postgres import PostgresStore  # raises MissingExtra without jobq[postgres]
+
+        return PostgresStore.from_url(url)
+    raise ConfigError("store", url, "unsupported store URL; use sqlite:///path.db, postgresql://... or memory://")
 
 
 def _index(url: str, store: JobStore, sqlite: _Opener) -> TimeIndex:
@@ -91,7 +102,16 @@ def _index(url: str, store: JobStore, sqlite: _Opener) -> TimeIndex:
         from jobq.timeindex.memory import MemoryTimeIndex
 
         return MemoryTimeIndex()
-    raise ConfigError("index", url, "unsupported index URL; use the store's sqlite URL or memory://")
+    if scheme in _POSTGRES:
+        from jobq.postgresdb import PostgresConfig
+        from jobq.store.postgres import PostgresStore
+        from jobq.timeindex.postgres import PostgresTimeIndex
+
+        config = PostgresConfig.from_url(url)
+        if not isinstance(store, PostgresStore) or not store.db.config.same_database(config):
+            raise ConfigError("index", config.display, "the index is a view of the store: give both the same URL")
+        return PostgresTimeIndex(store)
+    raise ConfigError("index", url, "unsupported index URL; use the store's sqlite or postgresql URL, or memory://")
 
 
 def _transport(settings: Settings, sqlite: _Opener, clock: Clock) -> Transport:
@@ -108,7 +128,7 @@ def _transport(settings: Settings, sqlite: _Opener, clock: Clock) -> Transport:
     raise ConfigError("broker", url, "unsupported broker URL; use sqlite:///path.db or memory://")
 
 
-def _history(url: str, sqlite: _Opener, flush_s: float) -> HistorySink:
+def _history(url: str, store: JobStore, sqlite: _Opener, flush_s: float) -> HistorySink:
     from jobq.history.buffered import BufferedHistory
 
     scheme = _scheme(url)
@@ -121,4 +141,14 @@ def _history(url: str, sqlite: _Opener, flush_s: float) -> HistorySink:
         from jobq.history.memory import MemoryHistory
 
         return MemoryHistory()
-    raise ConfigError("history", url, "unsupported history URL; use sqlite:///path.db or memory://")
+    if scheme in _POSTGRES:
+        from jobq.history.postgres import PostgresHistory
+        from jobq.postgresdb import PostgresConfig
+        from jobq.store.postgres import PostgresStore
+
+        if isinstance(store, PostgresStore) and store.db.config.same_database(PostgresConfig.from_url(url)):
+            pg_sink = PostgresHistory(store.db)  # the store's pool; the store closes it
+        else:
+            pg_sink = PostgresHistory.from_url(url)
+        return BufferedHistory(pg_sink, interval_s=flush_s) if flush_s > 0 else pg_sink
+    raise ConfigError("history", url, "unsupported history URL; use sqlite:///path.db, postgresql://... or memory://")

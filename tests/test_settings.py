@@ -54,10 +54,14 @@ def test_a_missing_or_broken_config_file_is_a_config_error(tmp_path: Path) -> No
         Settings.load(config_file=broken, env={})
 
 
-def test_a_server_store_needs_its_other_backends_named() -> None:
+def test_a_server_store_needs_the_roles_it_cannot_play_named() -> None:
     s = Settings.load({"store": "postgresql://db/jobs"}, env={})
-    with pytest.raises(ConfigError, match="--index, --broker and --history"):
+    assert (s.index, s.history) == ("postgresql://db/jobs", "postgresql://db/jobs")
+    with pytest.raises(ConfigError, match="give --broker"):
         _ = s.broker
+    dynamo = Settings.load({"store": "dynamodb://jobs"}, env={})
+    with pytest.raises(ConfigError, match="give --index"):
+        _ = dynamo.index
 
 
 def test_settings_are_frozen() -> None:

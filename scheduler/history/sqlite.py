@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
+from jobq.errors import StoreError
+from jobq.metrics import METRICS
 from jobq.models import RunEvent
 from jobq.sqlitedb import SqliteDatabase
+
+log = logging.getLogger("jobq.history")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobq_run_events (
@@ -35,10 +40,16 @@ class SqliteHistory:
         if not events:
             return
         rows = [tuple(getattr(e, c) for c in _COLUMNS) for e in events]
-        with self.db.write() as conn:
-            conn.executemany(
-                f"INSERT INTO jobq_run_events ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})", rows
-            )
+        try:
+            with self.db.write() as conn:
+                conn.executemany(
+                    f"INSERT INTO jobq_run_events ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})",
+                    rows,
+                )
+        except StoreError:
+            # History must never fail the run it describes: count and log, as the port promises.
+            METRICS.history_errors.inc(len(rows))
+            log.exception("history write failed; %d events dropped", len(rows))
 
     def read(self, job_id: str, limit: int = 1000) -> list[RunEvent]:
         rows = self.db.read(

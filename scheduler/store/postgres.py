@@ -1,0 +1,474 @@
+"""The PostgreSQL store: jobs, runs, idempotency keys, workers and tokens in one schema.
+
+Connections, migrations and error translation live in `jobq.postgresdb`; the URL and its
+parameters are documented there. Semantics mirror `SqliteStore` (the contract suite is the
+judge). Every state change is one conditional ``UPDATE ... WHERE state = ANY(...) AND fence = ...
+RETURNING``; a `transition` batch is one transaction sent as one pipeline, and a job status
+carried by a transition is updated by the same statement. Rows are locked in run-id order
+(batches are sorted), so concurrent batches do not deadlock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from jobq.errors import (
+    Conflict,
+    DuplicateJob,
+    IdempotencyConflict,
+    JobNotFound,
+)
+from jobq.models import PRIORITIES_BY_RANK, ApiToken, IdempotencyRecord, Job, Run, RunState, Transition
+from jobq.ports import CreateResult, JobQuery, Page, RunQuery
+from jobq.postgresdb import RUN_COLUMNS, PostgresDatabase
+from jobq.store.memory import parse_run_cursor, run_cursor
+
+if TYPE_CHECKING:
+    import psycopg.types.json
+    from psycopg.rows import DictRow
+
+    from jobq.postgresdb import Connection
+else:
+    from jobq.postgresdb import psycopg  # imported lazily there, with the extra's name on failure
+
+T = TypeVar("T")
+
+# -- SQL ----------------------------------------------------------------------------------------
+# Templates: {jobs}, {runs}, {idem}, {workers}, {events} are the schema-qualified tables, {cols}
+# the run columns (named, never `*`, so a column added by a later migration cannot break `Run`).
+
+_TIERS = "(VALUES (0::smallint), (1::smallint), (2::smallint), (3::smallint)) AS tier(rank)"
+
+_INSERT_JOB = (
+    "INSERT INTO {jobs} (job_id, tenant_id, name, status, priority, next_fire_ms, version, doc) "
+    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s::jsonb) ON CONFLICT (job_id) DO NOTHING RETURNING job_id"
+)
+_UPDATE_JOB = (
+    "UPDATE {jobs} SET tenant_id = %s, name = %s, status = %s, priority = %s, next_fire_ms = %s, version = %s, "
+    "doc = %s::jsonb WHERE job_id = %s AND version = %s RETURNING job_id"
+)
+_INSERT_RUN = (
+    "INSERT INTO {runs} ({cols}) VALUES ("
+    + ", ".join("%s" for _ in RUN_COLUMNS)
+    + ") ON CONFLICT (run_id) DO NOTHING RETURNING {cols}"
+)
+_REPLACE_KEY = (
+    "INSERT INTO {idem} AS i (tenant_id, key, fingerprint, job_id, response, created_ms, expires_ms) "
+    "VALUES (%(tenant_id)s, %(key)s, %(fingerprint)s, %(job_id)s, %(response)s, %(created_ms)s, %(expires_ms)s) "
+    "ON CONFLICT (tenant_id, key) DO UPDATE SET fingerprint = EXCLUDED.fingerprint, job_id = EXCLUDED.job_id, "
+    "response = EXCLUDED.response, created_ms = EXCLUDED.created_ms, expires_ms = EXCLUDED.expires_ms"
+)
+# Takes the key when it is free or expired; returns nothing when an unexpired record holds it. On a
+# conflict with a transaction still in flight PostgreSQL waits for its outcome, so of two
+# concurrent requests with one key exactly one creates a job.
+_TAKE_KEY = _REPLACE_KEY + " WHERE i.expires_ms <= EXCLUDED.created_ms RETURNING i.key"
+_CLAIM = (
+    "UPDATE {runs} SET state = 'CLAIMED', fence = fence + 1, version = version + 1, "
+    "lease_owner = %(owner)s, lease_expires_ms = %(expires)s, updated_ms = %(now)s "
+    "WHERE run_id = ANY(%(ids)s) AND state = 'SCHEDULED' AND due_ms <= %(now)s RETURNING {cols}"
+)
+# Due runs, CRITICAL first: one tight range scan of jobq_runs_due per tier (priority = k AND
+# due_ms <= now), in tier order, stopping at the limit. A single `ORDER BY priority, due_ms` over
+# the same index would step over every future-due (and every parked) run of the higher tiers
+# before it reached a due run of a lower one.
+_OVERDUE = (
+    "SELECT r.* FROM " + _TIERS + " CROSS JOIN LATERAL ("
+    "SELECT {cols} FROM {runs} WHERE state = 'SCHEDULED' AND priority = tier.rank AND due_ms <= %(before)s "
+    "ORDER BY due_ms, run_id LIMIT %(limit)s) AS r LIMIT %(limit)s"
+)
+# The fused claim: the same per-tier scan, locking with SKIP LOCKED (rows another scanner is
+# claiming are passed over, never waited for) and then claimed by primary key. The ids go through
+# an array so that the plan is an index lookup whatever the statistics say.
+_CLAIM_DUE = (
+    "WITH due AS (SELECT d.run_id FROM " + _TIERS + " CROSS JOIN LATERAL ("
+    "SELECT run_id FROM {runs} WHERE state = 'SCHEDULED' AND priority = tier.rank AND due_ms <= %(now)s "
+    "ORDER BY due_ms, run_id LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS d LIMIT %(limit)s) "
+    "UPDATE {runs} SET state = 'CLAIMED', fence = fence + 1, version = version + 1, "
+    "lease_owner = %(owner)s, lease_expires_ms = %(expires)s, updated_ms = %(now)s "
+    "WHERE run_id = ANY(ARRAY(SELECT run_id FROM due)) AND state = 'SCHEDULED' RETURNING {cols}"
+)
+_NEXT_DUE = (
+    "SELECT min(d.due_ms) AS due_ms FROM " + _TIERS + " CROSS JOIN LATERAL ("
+    "SELECT due_ms FROM {runs} WHERE state = 'SCHEDULED' AND priority = tier.rank ORDER BY due_ms LIMIT 1) AS d"
+)
+_EXPIRED = (
+    "SELECT {cols} FROM {runs} WHERE state IN ('CLAIMED', 'DISPATCHED', 'RUNNING') AND lease_expires_ms < %s "
+    "ORDER BY lease_expires_ms, run_id LIMIT %s"
+)
+# A transition that carries a job status moves the job in the same statement, only from ACTIVE or
+# COMPLETED (a paused or cancelled job stays so), keeping the JSON document's status, version and
+# updated_ms equal to the columns, like SQLite's _FINISH_JOB.
+_FINISH_JOB = (
+    "WITH moved AS ({update}), finished AS ("
+    "UPDATE {jobs} AS j SET status = %s, version = j.version + 1, doc = j.doc || jsonb_build_object("
+    "'status', %s::text, 'version', j.version + 1, "
+    "'updated_ms', coalesce(to_jsonb(%s::bigint), j.doc -> 'updated_ms')) "
+    "FROM moved WHERE j.job_id = moved.job_id AND j.status IN ('ACTIVE', 'COMPLETED')) "
+    "SELECT * FROM moved"
+)
+
+_INSERT_TOKEN = (
+    "INSERT INTO {tokens} (token_id, tenant_id, name, token_hash, created_ms, revoked_ms) "
+    "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING"
+)
+_SELECT_TOKENS = "SELECT token_id, tenant_id, name, token_hash, created_ms, revoked_ms FROM {tokens}"
+# Insert-if-absent and read in one statement: the CTE's insert is invisible to the outer SELECT, so
+# the UNION reads the row that was there before when the insert did nothing.
+_TENANT_SECRET = (
+    "WITH added AS (INSERT INTO {tenants} (tenant_id, webhook_secret) VALUES (%s, %s) "
+    "ON CONFLICT (tenant_id) DO NOTHING RETURNING webhook_secret) "
+    "SELECT webhook_secret FROM added UNION ALL SELECT webhook_secret FROM {tenants} WHERE tenant_id = %s LIMIT 1"
+)
+
+# -- rows ---------------------------------------------------------------------------------------
+
+
+def _json(value: Any) -> Any:
+    return None if value is None else psycopg.types.json.Jsonb(value)
+
+
+def _run_values(run: Run) -> list[Any]:
+    row = run.model_dump(mode="json")
+    row["priority"] = run.priority.rank
+    row["result"] = _json(row["result"])
+    return [row[c] for c in RUN_COLUMNS]
+
+
+def run_from_row(row: DictRow) -> Run:
+    data = dict(row)
+    data["priority"] = PRIORITIES_BY_RANK[data["priority"]]
+    return Run.model_validate(data)
+
+
+def _job_values(job: Job) -> list[Any]:
+    return [
+        job.tenant_id,
+        job.name,
+        job.status.value,
+        job.priority.rank,
+        job.next_fire_ms,
+        job.version,
+        job.model_dump_json(),
+    ]
+
+
+def _in_order(runs: Sequence[Run]) -> list[Run]:
+    return sorted(runs, key=lambda r: (r.priority.rank, r.due_ms, r.run_id))
+
+
+class PostgresStore:
+    """`JobStore` on PostgreSQL. See the module docstring for the URL, migrations and errors."""
+
+    def __init__(self, db: PostgresDatabase, *, owns_db: bool = True, check_schema: bool = True) -> None:
+        """Use `db` (closed by `close` when `owns_db`). `check_schema` applies the URL's ``migrate``
+        policy; `jobq init` passes False, because its job is to upgrade an outdated schema."""
+        self.db = db
+        self._owns_db = owns_db
+        if check_schema:
+            db.ensure_schema()
+
+    @classmethod
+    def from_url(cls, url: str, *, check_schema: bool = True) -> PostgresStore:
+        db = PostgresDatabase.from_url(url)
+        try:
+            return cls(db, check_schema=check_schema)
+        except BaseException:
+            db.close()
+            raise
+
+    def migrate(self) -> list[int]:
+        """Apply pending schema migrations (what `jobq init` runs); returns the versions applied."""
+        return self.db.migrate()
+
+    # -- jobs ------------------------------------------------------------------------------------
+
+    def create_job(self, job: Job, runs: Sequence[Run], idempotency: IdempotencyRecord | None = None) -> CreateResult:
+        db = self.db
+
+        def body(conn: Connection) -> CreateResult:
+            if idempotency is not None:
+                key = idempotency.model_dump()
+                if conn.execute(db.sql(_TAKE_KEY), key).fetchone() is None:
+                    known = conn.execute(
+                        db.sql("SELECT fingerprint, job_id, response FROM {idem} WHERE tenant_id = %s AND key = %s"),
+                        [idempotency.tenant_id, idempotency.key],
+                    ).fetchone()
+                    if known is not None and known["fingerprint"] != idempotency.fingerprint:
+                        raise IdempotencyConflict(idempotency.key)
+                    if known is not None:
+                        original = conn.execute(
+                            db.sql("SELECT doc::text AS doc FROM {jobs} WHERE job_id = %s"), [known["job_id"]]
+                        ).fetchone()
+                        if original is not None:
+                            return CreateResult(Job.model_validate_json(original["doc"]), False, known["response"])
+                    # The key names a job that no longer exists: it now names this one (as in SQLite).
+                    conn.execute(db.sql(_REPLACE_KEY), key)
+            if conn.execute(db.sql(_INSERT_JOB), [job.job_id, *_job_values(job)]).fetchone() is None:
+                raise DuplicateJob(job.job_id)  # raising rolls the idempotency key back too
+            if runs:
+                conn.cursor().executemany(db.sql(_INSERT_RUN), [_run_values(r) for r in runs])
+            return CreateResult(job, created=True)
+
+        return db.run(body)
+
+    def get_jobs(self, job_ids: Sequence[str]) -> dict[str, Job]:
+        if not job_ids:
+            return {}
+        rows = self.db.read("SELECT doc::text AS doc FROM {jobs} WHERE job_id = ANY(%s)", [list(set(job_ids))])
+        jobs = (Job.model_validate_json(r["doc"]) for r in rows)
+        return {j.job_id: j for j in jobs}
+
+    def list_jobs(self, query: JobQuery) -> Page[Job]:
+        where: list[str] = ["job_id > %s"]
+        params: list[Any] = [query.cursor or ""]
+        if query.tenant_id is not None:
+            where.append("tenant_id = %s")
+            params.append(query.tenant_id)
+        if query.status is not None:
+            where.append("status = %s")
+            params.append(query.status.value)
+        if query.priority is not None:
+            where.append("priority = %s")
+            params.append(query.priority.rank)
+        if query.name_prefix:
+            where.append("starts_with(name, %s)")  # not LIKE: a prefix may contain % or _
+            params.append(query.name_prefix)
+        sql = f"SELECT doc::text AS doc FROM {{jobs}} WHERE {' AND '.join(where)} ORDER BY job_id LIMIT %s"
+        rows = self.db.read(sql, [*params, query.limit + 1])
+        jobs = [Job.model_validate_json(r["doc"]) for r in rows[: query.limit]]
+        return Page(jobs, jobs[-1].job_id if len(rows) > query.limit and jobs else None)
+
+    def update_job(self, job: Job) -> Job:
+        stored = job.model_copy(update={"version": job.version + 1})
+        db = self.db
+
+        def body(conn: Connection) -> None:
+            params = [*_job_values(stored), job.job_id, job.version]
+            if conn.execute(db.sql(_UPDATE_JOB), params).fetchone() is None:
+                row = conn.execute(db.sql("SELECT version FROM {jobs} WHERE job_id = %s"), [job.job_id]).fetchone()
+                if row is None:
+                    raise JobNotFound(job.job_id)
+                raise Conflict(f"job {job.job_id!r} changed (version {row['version']}, expected {job.version})")
+
+        db.run(body)
+        return stored
+
+    def due_jobs(self, before_ms: int, limit: int) -> list[Job]:
+        rows = self.db.read(
+            "SELECT doc::text AS doc FROM {jobs} WHERE status = 'ACTIVE' AND next_fire_ms IS NOT NULL "
+            "AND next_fire_ms <= %s ORDER BY next_fire_ms, job_id LIMIT %s",
+            [before_ms, limit],
+        )
+        return [Job.model_validate_json(r["doc"]) for r in rows]
+
+    # -- runs ------------------------------------------------------------------------------------
+
+    def add_runs(self, runs: Sequence[Run]) -> list[Run]:
+        if not runs:
+            return []
+        first: dict[str, Run] = {}
+        for run in runs:
+            first.setdefault(run.run_id, run)
+        db = self.db
+
+        def body(conn: Connection) -> dict[str, Run]:
+            cur = conn.cursor()
+            # Inserting in id order: two beats adding overlapping batches take the same locks in
+            # the same order instead of deadlocking.
+            ordered = [first[i] for i in sorted(first)]
+            cur.executemany(db.sql(_INSERT_RUN), [_run_values(r) for r in ordered], returning=True)
+            added: dict[str, Run] = {}
+            while True:
+                for row in cur.fetchall():
+                    run = run_from_row(row)
+                    added[run.run_id] = run
+                if not cur.nextset():
+                    return added
+
+        added = db.run(body)
+        return [added[i] for i in first if i in added]
+
+    def get_runs(self, run_ids: Sequence[str]) -> dict[str, Run]:
+        if not run_ids:
+            return {}
+        rows = self.db.read("SELECT {cols} FROM {runs} WHERE run_id = ANY(%s)", [list(set(run_ids))])
+        runs = (run_from_row(r) for r in rows)
+        return {r.run_id: r for r in runs}
+
+    def list_runs(self, query: RunQuery) -> Page[Run]:
+        where: list[str] = []
+        params: list[Any] = []
+        if query.job_id is not None:
+            where.append("job_id = %s")
+            params.append(query.job_id)
+        if query.tenant_id is not None:
+            where.append("tenant_id = %s")
+            params.append(query.tenant_id)
+        if query.states:
+            where.append("state = ANY(%s)")
+            params.append(sorted(s.value for s in query.states))
+        if query.dead_letter is not None:
+            where.append("dead_letter = %s")
+            params.append(query.dead_letter)
+        if query.cursor:
+            where.append("(nominal_ms, run_id) < (%s, %s)")
+            params.extend(parse_run_cursor(query.cursor))
+        clause = f"WHERE {' AND '.join(where)}" if where else ""
+        sql = f"SELECT {{cols}} FROM {{runs}} {clause} ORDER BY nominal_ms DESC, run_id DESC LIMIT %s"
+        rows = self.db.read(sql, [*params, query.limit + 1])
+        runs = [run_from_row(r) for r in rows[: query.limit]]
+        return Page(runs, run_cursor(runs[-1]) if len(rows) > query.limit and runs else None)
+
+    def run_counts(self, job_id: str) -> dict[RunState, int]:
+        rows = self.db.read("SELECT state, count(*) AS n FROM {runs} WHERE job_id = %s GROUP BY state", [job_id])
+        return {RunState(r["state"]): int(r["n"]) for r in rows}
+
+    def claim(self, run_ids: Sequence[str], now_ms: int, owner: str, lease_ms: int) -> list[Run]:
+        """One conditional UPDATE for all ids. A row another claimer holds is waited for, then
+        re-checked (READ COMMITTED): it is claimed here only if still SCHEDULED and due."""
+        if not run_ids:
+            return []
+        params = {"ids": list(set(run_ids)), "now": now_ms, "owner": owner, "expires": now_ms + lease_ms}
+        db = self.db
+        rows = db.run(lambda conn: conn.execute(db.sql(_CLAIM), params).fetchall())
+        return _in_order([run_from_row(r) for r in rows])
+
+    def claim_due(self, now_ms: int, limit: int, owner: str, lease_ms: int) -> list[Run]:
+        """Find and claim up to `limit` due runs in one statement, CRITICAL first, then by due
+        time. Rows locked by a concurrent claim are skipped, never waited for, so scanners
+        running at once never block each other and never claim the same run."""
+        if limit <= 0:
+            return []
+        params = {"now": now_ms, "limit": limit, "owner": owner, "expires": now_ms + lease_ms}
+        db = self.db
+        rows = db.run(lambda conn: conn.execute(db.sql(_CLAIM_DUE), params).fetchall())
+        return _in_order([run_from_row(r) for r in rows])
+
+    def explain_claim_due(self, now_ms: int, limit: int, *, analyze: bool = False) -> str:
+        """The plan of `claim_due` (for operators and tests). With `analyze` the claim really
+        runs, inside a transaction that is rolled back."""
+        params = {"now": now_ms, "limit": limit, "owner": "explain", "expires": now_ms}
+        options = "ANALYZE, BUFFERS, COSTS OFF" if analyze else "COSTS OFF"
+        sql = self.db.sql(f"EXPLAIN ({options}) {_CLAIM_DUE}")
+        with self.db.connection() as conn, conn.transaction(force_rollback=True):
+            rows = conn.execute(sql, params).fetchall()
+        return "\n".join(str(r["QUERY PLAN"]) for r in rows)
+
+    def transition(self, transitions: Sequence[Transition]) -> list[Run | None]:
+        if not transitions:
+            return []
+        order = sorted(range(len(transitions)), key=lambda i: transitions[i].run_id)  # stable: same-run order kept
+        statements = {i: self._transition_sql(transitions[i]) for i in order}
+
+        def body(conn: Connection) -> list[Run | None]:
+            cursors = [(i, conn.execute(*statements[i])) for i in order]
+            out: list[Run | None] = [None] * len(transitions)
+            for i, cur in cursors:
+                row = cur.fetchone()
+                out[i] = None if row is None else run_from_row(row)
+            return out
+
+        return self.db.run(body, pipeline=True)
+
+    def _transition_sql(self, t: Transition) -> tuple[str, list[Any]]:
+        sets = ["state = %s", "version = version + 1"]
+        params: list[Any] = [t.to_state.value]
+        if t.bump_fence:
+            sets.append("fence = fence + 1")
+        if t.at_ms is not None:
+            sets.append("updated_ms = %s")
+            params.append(t.at_ms)
+        for name, value in t.changes.items():
+            sets.append(f"{name} = %s")  # names are whitelisted by Transition
+            params.append(_json(value) if name == "result" else value)
+        where = ["run_id = %s", "state = ANY(%s)"]
+        params += [t.run_id, sorted(s.value for s in t.expect)]
+        for column, expected in (
+            ("fence", t.expect_fence),
+            ("lease_owner", t.expect_owner),
+            ("version", t.expect_version),
+        ):
+            if expected is not None:
+                where.append(f"{column} = %s")
+                params.append(expected)
+        update = f"UPDATE {{runs}} SET {', '.join(sets)} WHERE {' AND '.join(where)} RETURNING {{cols}}"
+        if t.job_status is None:
+            return self.db.sql(update), params
+        status = t.job_status.value
+        return self.db.sql(_FINISH_JOB.replace("{update}", update)), [*params, status, status, t.at_ms]
+
+    def expired_leases(self, now_ms: int, limit: int) -> list[Run]:
+        return [run_from_row(r) for r in self.db.read(_EXPIRED, [now_ms, limit])]
+
+    def overdue_runs(self, before_ms: int, limit: int) -> list[Run]:
+        if limit <= 0:
+            return []
+        rows = self.db.read(_OVERDUE, {"before": before_ms, "limit": limit})
+        return _in_order([run_from_row(r) for r in rows])
+
+    def next_due_ms(self) -> int | None:
+        """The earliest due time of any SCHEDULED run (four index probes, one per tier)."""
+        due = self.db.read(_NEXT_DUE)[0]["due_ms"]
+        return None if due is None else int(due)
+
+    # -- idempotency and workers -----------------------------------------------------------------
+
+    def idempotency(self, tenant_id: str, key: str, now_ms: int) -> IdempotencyRecord | None:
+        rows = self.db.read(
+            "SELECT tenant_id, key, fingerprint, job_id, response, created_ms, expires_ms FROM {idem} "
+            "WHERE tenant_id = %s AND key = %s AND expires_ms > %s",
+            [tenant_id, key, now_ms],
+        )
+        return IdempotencyRecord.model_validate(rows[0]) if rows else None
+
+    def register_worker(self, worker_id: str, tasks: Sequence[str], queues: Sequence[str], now_ms: int) -> None:
+        sql = self.db.sql(
+            "INSERT INTO {workers} (worker_id, tasks, queues, seen_ms) VALUES (%s, %s, %s, %s) "
+            "ON CONFLICT (worker_id) DO UPDATE SET tasks = EXCLUDED.tasks, queues = EXCLUDED.queues, "
+            "seen_ms = EXCLUDED.seen_ms"
+        )
+        params = [worker_id, sorted(tasks), list(queues), now_ms]
+        self.db.run(lambda conn: conn.execute(sql, params))
+
+    def known_tasks(self) -> set[str]:
+        return {r["task"] for r in self.db.read("SELECT DISTINCT unnest(tasks) AS task FROM {workers}")}
+
+    # -- tokens and tenants ----------------------------------------------------------------------
+
+    def put_token(self, token: ApiToken) -> None:
+        def body(conn: Connection) -> None:
+            cur = conn.execute(
+                self.db.sql(_INSERT_TOKEN),
+                [token.token_id, token.tenant_id, token.name, token.token_hash, token.created_ms, token.revoked_ms],
+            )
+            if cur.rowcount != 1:
+                raise Conflict(f"token {token.token_id!r} exists")
+
+        self.db.run(body)
+
+    def find_token(self, token_hash: str) -> ApiToken | None:
+        rows = self.db.read(_SELECT_TOKENS + " WHERE token_hash = %s", [token_hash])
+        return ApiToken.model_validate(rows[0]) if rows else None
+
+    def list_tokens(self, tenant_id: str | None = None) -> list[ApiToken]:
+        if tenant_id is None:
+            rows = self.db.read(_SELECT_TOKENS + " ORDER BY created_ms, token_id")
+        else:
+            rows = self.db.read(_SELECT_TOKENS + " WHERE tenant_id = %s ORDER BY created_ms, token_id", [tenant_id])
+        return [ApiToken.model_validate(r) for r in rows]
+
+    def revoke_token(self, token_id: str, now_ms: int) -> bool:
+        rows = self.db.read(
+            "UPDATE {tokens} SET revoked_ms = %s WHERE token_id = %s AND revoked_ms IS NULL RETURNING token_id",
+            [now_ms, token_id],
+        )
+        return bool(rows)
+
+    def tenant_secret(self, tenant_id: str, candidate: str) -> str:
+        rows = self.db.read(_TENANT_SECRET, [tenant_id, candidate, tenant_id])
+        return str(rows[0]["webhook_secret"])
+
+    def close(self) -> None:
+        if self._owns_db:
+            self.db.close()
