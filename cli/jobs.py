@@ -25,6 +25,7 @@ from jobq.models import JobStatus, Priority, RetryPolicy, ScheduleType, TaskTarg
 from jobq.ports import JobQuery
 from jobq.submission import JobSpec
 from jobq.views import event_resource, iso, job_resource, job_summary, run_resource
+from jobq.wiring import init_store
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -401,12 +402,8 @@ def dlq_purge(run_ids: tuple[str, ...], purge_all: bool, **options: Any) -> None
 @click.command()
 @backend_options
 def init(**options: Any) -> None:
-    """Create or migrate the schema of the configured store (SQLite creates it on first use)."""
-    with deployment(load_settings(options)) as d:
-        migrate = getattr(d.store, "migrate", None)
-        if migrate is not None:
-            migrate()
-    console.print("schema ready")
+    """Create or upgrade the schema of the configured store (runs PostgreSQL migrations)."""
+    console.print(init_store(load_settings(options)))
 
 
 def _iso(ms: int | None) -> str:

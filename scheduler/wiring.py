@@ -68,6 +68,30 @@ def connect(settings: Settings, clock: Clock = SYSTEM_CLOCK) -> Deployment:
 _POSTGRES = ("postgresql", "postgres")
 
 
+def init_store(settings: Settings) -> str:
+    """Create or upgrade the store's schema (what `jobq init` runs); returns what was done.
+
+    Building a store refuses an outdated schema, so this reaches below it where needed."""
+    url = settings.store_url
+    scheme = _scheme(url)
+    if scheme in _POSTGRES:
+        from jobq.postgresdb import PostgresDatabase
+
+        db = PostgresDatabase.from_url(url)
+        try:
+            applied = db.migrate()
+            version = db.schema_version()
+        finally:
+            db.close()
+        done = f"applied migrations {applied}" if applied else "already up to date"
+        return f"PostgreSQL schema {db.schema!r} at version {version}: {done}"
+    if scheme == "sqlite":
+        connect(settings).close()  # the embedded backends create their tables when they open
+        return f"SQLite database {path_from_url(url)} ready"
+    _store(url, lambda u: SqliteDatabase(path_from_url(u))).close()
+    return f"{scheme} store ready"
+
+
 def _scheme(url: str) -> str:
     return urlsplit(url).scheme.lower()
 

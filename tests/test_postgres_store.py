@@ -592,3 +592,23 @@ from test_lifecycle import (  # noqa: E402, F401  (collected here, with the Post
     test_the_reaper_reclaims_an_expired_running_lease_and_the_late_completion_is_rejected,
     test_the_scanner_dispatches_critical_runs_before_lower_tiers,
 )
+
+
+def test_jobq_init_upgrades_an_outdated_schema_that_the_store_refuses(schema_url: Callable[..., str]) -> None:
+    from click.testing import CliRunner
+
+    from jobq.cli.main import cli
+
+    url = schema_url()
+    store = PostgresStore.from_url(url)
+    execute(store, "DELETE FROM {versions} WHERE version >= 2")
+    execute(store, "DROP TABLE {events}, {tokens}, {tenants}")
+    store.close()
+    with pytest.raises(ConfigError, match="run `jobq init`"):
+        PostgresStore.from_url(url)
+    result = CliRunner().invoke(cli, ["init", "--store", url])
+    assert result.exit_code == 0, result.output
+    assert f"at version {LATEST}: applied migrations {ALL_VERSIONS[1:]}" in result.output
+    again = CliRunner().invoke(cli, ["init", "--store", url])
+    assert "already up to date" in again.output
+    PostgresStore.from_url(url).close()
