@@ -60,8 +60,9 @@ CREATE TABLE IF NOT EXISTS jobq_runs (
     started_ms        INTEGER,
     finished_ms       INTEGER
 );
--- The scanner's (and beat's repair) query: due runs of one tier, earliest first.
-CREATE INDEX IF NOT EXISTS jobq_runs_due ON jobq_runs (priority, due_ms) WHERE state = 'SCHEDULED';
+-- The scanner's (and beat's repair) query: due runs of one tier, earliest first, ties by id.
+DROP INDEX IF EXISTS jobq_runs_due;
+CREATE INDEX IF NOT EXISTS jobq_runs_scheduled ON jobq_runs (priority, due_ms, run_id) WHERE state = 'SCHEDULED';
 -- The reaper's query: leases that ran out.
 CREATE INDEX IF NOT EXISTS jobq_runs_lease ON jobq_runs (lease_expires_ms)
     WHERE state IN ('CLAIMED', 'DISPATCHED', 'RUNNING');
@@ -350,10 +351,10 @@ class SqliteStore:
                     "UPDATE jobq_runs SET state = 'CLAIMED', fence = fence + 1, version = version + 1, "
                     "lease_owner = ?, lease_expires_ms = ?, updated_ms = ? WHERE run_id IN ("
                     "SELECT run_id FROM jobq_runs WHERE state = 'SCHEDULED' AND priority = ? AND due_ms <= ? "
-                    "ORDER BY due_ms LIMIT ?) RETURNING *",
+                    "ORDER BY due_ms, run_id LIMIT ?) RETURNING *",
                     (owner, now_ms + lease_ms, now_ms, priority.rank, now_ms, limit - len(claimed)),
                 ).fetchall()
-                claimed.extend(sorted((run_from_row(r) for r in rows), key=lambda r: r.due_ms))
+                claimed.extend(sorted((run_from_row(r) for r in rows), key=lambda r: (r.due_ms, r.run_id)))
         return claimed
 
     def transition(self, transitions: Sequence[Transition]) -> list[Run | None]:
@@ -388,7 +389,7 @@ class SqliteStore:
             rows.extend(
                 self.db.read(
                     f"SELECT {columns} FROM jobq_runs WHERE state = 'SCHEDULED' AND priority = ? AND due_ms <= ? "
-                    "ORDER BY due_ms LIMIT ?",
+                    "ORDER BY due_ms, run_id LIMIT ?",
                     (priority.rank, before_ms, limit - len(rows)),
                 )
             )

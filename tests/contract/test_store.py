@@ -321,3 +321,64 @@ def test_sqlite_store_persists_across_reopening(tmp_path: Path) -> None:
     assert set(second.get_jobs(["job_1"])) == {"job_1"}
     assert set(second.get_runs([f"job_1:{T0}"])) == {f"job_1:{T0}"}
     second.close()
+
+
+class TestTransitionsTouchingJobsAndVersions:
+    def test_a_final_outcome_can_complete_its_job_in_the_same_write(self, store: JobStore) -> None:
+        store.create_job(make_job("job_1"), [make_run("job_1", state=S.RUNNING, fence=1)])
+        t = Transition(
+            f"job_1:{T0}", frozenset({S.RUNNING}), S.SUCCEEDED, 1, at_ms=T0 + 9, job_status=JobStatus.COMPLETED
+        )
+        assert store.transition([t])[0] is not None
+        job = store.get_jobs(["job_1"])["job_1"]
+        assert (job.status, job.version, job.updated_ms) == (JobStatus.COMPLETED, 1, T0 + 9)
+
+    def test_a_job_status_is_not_applied_when_the_run_transition_fails(self, store: JobStore) -> None:
+        store.create_job(make_job("job_1"), [make_run("job_1", state=S.RUNNING, fence=1)])
+        t = Transition(f"job_1:{T0}", frozenset({S.RUNNING}), S.SUCCEEDED, 2, job_status=JobStatus.COMPLETED)
+        assert store.transition([t]) == [None]
+        assert store.get_jobs(["job_1"])["job_1"].status is JobStatus.ACTIVE
+
+    def test_a_paused_or_cancelled_job_keeps_its_status(self, store: JobStore) -> None:
+        store.create_job(make_job("job_1", status=JobStatus.CANCELLED), [make_run("job_1", state=S.RUNNING)])
+        t = Transition(f"job_1:{T0}", frozenset({S.RUNNING}), S.SUCCEEDED, 0, job_status=JobStatus.COMPLETED)
+        assert store.transition([t])[0] is not None
+        assert store.get_jobs(["job_1"])["job_1"].status is JobStatus.CANCELLED
+
+    def test_expect_version_guards_against_a_write_in_between(self, store: JobStore) -> None:
+        store.add_runs([make_run("job_1", state=S.RUNNING, fence=1, lease_owner="w", lease_expires_ms=T0)])
+        [seen] = store.expired_leases(T0 + 1, 10)
+        renew = Transition(seen.run_id, frozenset({S.RUNNING}), S.RUNNING, 1, {"lease_expires_ms": T0 + 30_000})
+        assert store.transition([renew])[0] is not None  # a heartbeat lands after the reaper read
+        reclaim = Transition(
+            seen.run_id, frozenset({S.RUNNING}), S.SCHEDULED, 1, bump_fence=True, expect_version=seen.version
+        )
+        assert store.transition([reclaim]) == [None]
+        assert store.get_runs([seen.run_id])[seen.run_id].state is S.RUNNING
+
+
+class TestIdempotencyUnderConcurrency:
+    def test_concurrent_creations_with_one_key_create_one_job(self, store: JobStore) -> None:
+        results: list[object] = []
+
+        def create(n: int) -> None:
+            try:
+                results.append(store.create_job(make_job(f"job_{n}"), [make_run(f"job_{n}")], idem(job_id=f"job_{n}")))
+            except Exception as exc:  # noqa: BLE001 - recorded and asserted below
+                results.append(exc)
+
+        threads = [threading.Thread(target=create, args=(n,)) for n in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        created = [r for r in results if getattr(r, "created", False)]
+        assert len(created) == 1
+        winner = created[0].job.job_id  # type: ignore[attr-defined]
+        assert all(getattr(r, "job", None) is not None and r.job.job_id == winner for r in results)  # type: ignore[attr-defined]
+        assert len(store.list_jobs(JobQuery()).items) == 1
+
+
+def test_overdue_runs_with_the_same_due_time_come_in_run_id_order(store: JobStore) -> None:
+    store.add_runs([make_run(f"job_{c}", T0) for c in "dbca"])
+    assert [r.job_id for r in store.overdue_runs(T0, 10)] == ["job_a", "job_b", "job_c", "job_d"]
