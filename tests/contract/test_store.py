@@ -364,7 +364,7 @@ class TestIdempotencyUnderConcurrency:
         def create(n: int) -> None:
             try:
                 results.append(store.create_job(make_job(f"job_{n}"), [make_run(f"job_{n}")], idem(job_id=f"job_{n}")))
-            except Exception as exc:  # noqa: BLE001 - recorded and asserted below
+            except Exception as exc:  # recorded and asserted below
                 results.append(exc)
 
         threads = [threading.Thread(target=create, args=(n,)) for n in range(8)]
