@@ -1,0 +1,81 @@
+"""The HistorySink contract: every backend records run events and reads a job's back in order."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from factories import T0
+
+from jobq.history.buffered import BufferedHistory
+from jobq.history.memory import MemoryHistory
+from jobq.history.sqlite import SqliteHistory
+from jobq.models import RunEvent
+from jobq.ports import HistorySink
+from jobq.sqlitedb import SqliteDatabase
+
+from .test_store import STORES
+
+
+def _postgres(tmp_path: Path) -> HistorySink:
+    from jobq.history.postgres import PostgresHistory
+    from jobq.store.postgres import PostgresStore
+
+    store = STORES["postgres"](tmp_path)  # a schema of this test's own, dropped on close
+    assert isinstance(store, PostgresStore)
+
+    class Owned(PostgresHistory):
+        def close(self) -> None:
+            super().close()
+            store.close()
+
+    return Owned(store.db)
+
+
+SINKS: dict[str, Callable[[Path], HistorySink]] = {
+    "memory": lambda tmp: MemoryHistory(),
+    "sqlite": lambda tmp: SqliteHistory(SqliteDatabase(tmp / "history.db")),
+    "sqlite-buffered": lambda tmp: BufferedHistory(SqliteHistory(SqliteDatabase(tmp / "history.db")), interval_s=60),
+    "postgres": _postgres,
+}
+
+
+@pytest.fixture(params=sorted(SINKS))
+def sink(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[HistorySink]:
+    backend = SINKS[request.param](tmp_path)
+    yield backend
+    backend.close()
+
+
+def _event(job: str, n: int, kind: str = "STARTED", **more: object) -> RunEvent:
+    return RunEvent.model_validate(
+        {"run_id": f"{job}:{T0}", "job_id": job, "attempt": n, "fence": n, "kind": kind, "at_ms": T0 + n, **more}
+    )
+
+
+def test_a_job_s_events_come_back_in_the_order_recorded(sink: HistorySink) -> None:
+    sink.record([_event("job_1", 1), _event("job_2", 1), _event("job_1", 1, "FAILED", error="boom")])
+    sink.record([_event("job_1", 2), _event("job_1", 2, "SUCCEEDED", worker="w1", duration_ms=12)])
+    events = sink.read("job_1")
+    assert [(e.attempt, e.kind) for e in events] == [(1, "STARTED"), (1, "FAILED"), (2, "STARTED"), (2, "SUCCEEDED")]
+    assert events[1].error == "boom"
+    assert (events[3].worker, events[3].duration_ms) == ("w1", 12)
+
+
+def test_read_is_limited_and_other_jobs_are_not_mixed_in(sink: HistorySink) -> None:
+    sink.record([_event("job_1", n) for n in range(1, 6)] + [_event("job_2", 9)])
+    assert [e.attempt for e in sink.read("job_1", limit=3)] == [1, 2, 3]
+    assert [e.attempt for e in sink.read("job_2")] == [9]
+    assert sink.read("job_none") == []
+
+
+def test_flush_makes_buffered_events_readable(sink: HistorySink) -> None:
+    sink.record([_event("job_1", 1)])
+    sink.flush()
+    assert len(sink.read("job_1")) == 1
+
+
+def test_recording_nothing_is_a_no_op(sink: HistorySink) -> None:
+    sink.record([])
+    assert sink.read("job_1") == []
