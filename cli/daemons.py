@@ -86,19 +86,39 @@ def _queues(value: str | None) -> tuple[str, ...] | None:
 @click.option("-A", "--app", "apps", multiple=True, metavar="MODULE", help="Import tasks from MODULE[:APP].")
 @click.option("-Q", "--queues", default=None, help="Queues in priority order [critical,high,default,low].")
 @click.option("-c", "--concurrency", type=int, default=None, help="Tasks run at once [4].")
+@click.option("--api/--no-api", "serve_api", default=True, show_default=True, help="Serve the HTTP API too.")
+@click.option("--api-port", type=int, default=None, help="Port of the HTTP API [env JOBQ_API_PORT; 8080].")
 @daemon_options
-def dev(apps: tuple[str, ...], queues: str | None, concurrency: int | None, **options: Any) -> None:
-    """Run every role in one process (beat, scanner, worker, reaper) on the embedded SQLite store."""
-    settings = _settings(options, queues=_queues(queues), concurrency=concurrency)
+def dev(
+    apps: tuple[str, ...],
+    queues: str | None,
+    concurrency: int | None,
+    serve_api: bool,
+    api_port: int | None,
+    **options: Any,
+) -> None:
+    """Run every role in one process (beat, scanner, worker, reaper, and the HTTP API) on the
+    embedded SQLite store. Webhooks may call this machine (127.0.0.0/8, ::1) in dev."""
+    from jobq.cli.api import dev_api, dev_settings, webhook_caller
+
+    settings = dev_settings(_settings(options, queues=_queues(queues), concurrency=concurrency, api_port=api_port))
     app, registry = load_apps(apps)
     d = connect(settings)
     app.use(d)
-    worker = Worker(d, registry)
+    caller = webhook_caller(d)
+    worker = Worker(d, registry, webhook=caller)
     daemons: list[Daemon] = [Beat(d), Scanner(d), worker, Reaper(d)]
+    served = dev_api(d) if serve_api else None
     console.print(
         f"[bold]jobq dev[/] store={settings.store_url} queues={','.join(worker.queues)} slots={worker.concurrency}"
     )
     console.print(f"tasks: {', '.join(sorted(registry.names())) or '(none: pass -A MODULE)'}")
+    if served is not None:
+        server, token = served
+        daemons.append(server)
+        click.echo(f"API: {server.url}/v1 (docs at {server.url}/docs)")
+        click.echo(f"token for tenant default (shown once): {token}")
+        click.echo(f"  export TOKEN={token}")
     console.print("Ctrl-C to stop")
 
     def seed() -> None:
@@ -106,7 +126,11 @@ def dev(apps: tuple[str, ...], queues: str | None, concurrency: int | None, **op
         for hook in app.dev_hooks:
             hook(app)
 
-    run_until_stopped(d, daemons, seed)
+    try:
+        run_until_stopped(d, daemons, seed)
+    finally:
+        if caller is not None:
+            caller.close()
 
 
 @click.command()
@@ -125,7 +149,14 @@ def worker(
         err_console.print("warning: no tasks registered (pass -A MODULE); every run will be handed on")
     d = connect(settings)
     app.use(d)
-    run_until_stopped(d, [Worker(d, registry, worker_id=worker_id)])
+    from jobq.cli.api import webhook_caller
+
+    caller = webhook_caller(d)
+    try:
+        run_until_stopped(d, [Worker(d, registry, worker_id=worker_id, webhook=caller)])
+    finally:
+        if caller is not None:
+            caller.close()
 
 
 def _simple(name: str, factory: Callable[[Deployment], Daemon], help_text: str) -> click.Command:

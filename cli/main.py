@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from jobq import __version__
-from jobq.cli import daemons, jobs
+from jobq.cli import api, daemons, jobs
 from jobq.cli.common import JobqGroup
 
 
@@ -36,5 +36,7 @@ for command in (
     jobs.trigger,
     jobs.dlq,
     jobs.init,
+    api.api,
+    api.tokens,
 ):
     cli.add_command(command)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import builtins
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from jobq.clock import Clock
@@ -63,22 +63,27 @@ class Client:
         spec: JobSpec,
         *,
         idempotency_key: str | None = None,
-        response: str | None = None,
+        respond: Callable[[Job, builtins.list[int]], str] | None = None,
+        fingerprint: str | None = None,
         known_tasks: set[str] | None = None,
     ) -> Submitted:
         """Validate and store the job with its first runs (and idempotency key) atomically.
 
-        Raises `InvalidJob` (nothing written), `IdempotencyConflict`, `DuplicateJob`."""
+        `respond(job, next_fire_times)` renders the response to keep with the key, so a replay
+        returns it verbatim; `fingerprint` overrides the spec's (the API hashes the request as
+        sent). Raises `InvalidJob` (nothing written), `IdempotencyConflict`, `DuplicateJob`."""
         if self.tenant_id is not None and spec.tenant_id != self.tenant_id:
             raise InvalidJob(f"tenant_id {spec.tenant_id!r} is not this token's tenant", field="tenant_id")
         now = self.clock.now_ms()
         job, runs, _missed = build_job(spec, now, self.limits, known_tasks)
+        fires = preview(job, now)
+        response = respond(job, fires) if respond is not None else None
         record = None
         if idempotency_key is not None:
             record = IdempotencyRecord(
                 tenant_id=spec.tenant_id,
                 key=idempotency_key,
-                fingerprint=spec.fingerprint(),
+                fingerprint=fingerprint or spec.fingerprint(),
                 job_id=job.job_id,
                 response=response,
                 created_ms=now,
@@ -87,13 +92,8 @@ class Client:
         result = self.store.create_job(job, runs, record)
         if result.created:
             self._index(runs)
-        return Submitted(result.job, result.created, result.response, tuple(preview(result.job, now)))
-
-    def prepare(self, spec: JobSpec, known_tasks: set[str] | None = None) -> tuple[Job, builtins.list[int]]:
-        """Validate without writing: the job that `submit` would store and its next fire times."""
-        now = self.clock.now_ms()
-        job, _runs, _ = build_job(spec, now, self.limits, known_tasks)
-        return job, preview(job, now)
+            return Submitted(job, True, response, tuple(fires))
+        return Submitted(result.job, False, result.response, tuple(preview(result.job, now)))
 
     # -- reading --------------------------------------------------------------------------------
 

@@ -9,7 +9,8 @@
     │   │   ├── UnknownTimezone
     │   │   └── MissedWindow        a one-off due before its catch-up window
     │   ├── UnknownTask
-    │   └── PayloadTooLarge
+    │   ├── PayloadTooLarge
+    │   └── EndpointRefused     a webhook endpoint the network policy refuses (SSRF guard)
     ├── StoreError                  `retryable` says whether trying again may help
     │   ├── NotFound
     │   │   ├── JobNotFound
@@ -24,7 +25,8 @@
     ├── IllegalTransition           a bug: code asked for a transition the table forbids
     └── TaskError                   raised by task code to steer the outcome
         ├── Retry
-        └── Fail
+        ├── Fail
+        └── WebhookFailed           a webhook attempt failed; says if it is retryable
 
 Foreign exceptions (sqlite3, redis, botocore, kombu, psycopg) are translated into this tree
 at the backend that meets them and never escape it.
@@ -87,6 +89,13 @@ class UnknownTask(InvalidJob):
 
 class PayloadTooLarge(InvalidJob):
     pass
+
+
+class EndpointRefused(InvalidJob):
+    """A webhook endpoint the network policy refuses (bad scheme, credentials, or a refused address)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, field="target.endpoint")
 
 
 class StoreError(JobqError):
@@ -178,3 +187,21 @@ class Retry(TaskError):
 
 class Fail(TaskError):
     """Raised by a task to fail this run now, with no further attempts."""
+
+
+class WebhookFailed(TaskError):
+    """A webhook attempt failed. The worker reads `retryable`, `retry_after_s` and `result`
+    (`{"status", "body"}` when the server answered) to decide and record the outcome."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        retryable: bool,
+        retry_after_s: float | None = None,
+        result: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+        self.retry_after_s = retry_after_s
+        self.result = result

@@ -15,7 +15,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 SETUPTOOLS = PYPROJECT["tool"]["setuptools"]
-OPTIONAL = ("redis", "psycopg", "psycopg_pool", "kombu", "boto3", "botocore", "fastapi", "uvicorn", "httpx")
+OPTIONAL = ("redis", "psycopg", "psycopg_pool", "kombu", "boto3", "botocore", "fastapi", "uvicorn", "httpx", "httpcore")
 
 
 def _packages_on_disk() -> set[str]:

@@ -1,0 +1,145 @@
+"""Response models: the OpenAPI document's promises about every body the API returns.
+
+The resources are rendered by `jobq.views` (shared with the CLI's `--json`); these models
+describe them, and FastAPI checks each response against its model before sending it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+
+class FieldError(BaseModel):
+    field: str | None = None
+    message: str
+
+
+class ErrorDetail(BaseModel):
+    code: str = Field(description="Stable machine-readable code, e.g. `job_not_found`, `idempotency_conflict`.")
+    message: str = Field(description="What went wrong, for people.")
+    field: str | None = Field(default=None, description="The input at fault, e.g. `target.endpoint`.")
+    request_id: str | None = Field(default=None, description="Quote it when reporting a problem: it is in the logs.")
+    details: list[FieldError] | None = Field(default=None, description="Every validation error (422 only).")
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail
+
+
+class JobCreated(BaseModel):
+    job_id: str
+    tenant_id: str
+    job_name: str
+    status: str = Field(description="`SCHEDULED` at creation.")
+    job_status: str = Field(description="The job's own status: `ACTIVE`.")
+    schedule_type: str
+    priority: str
+    cron_expression: str | None = Field(description="The normalised expression (aliases expanded).")
+    timezone: str
+    next_run_time_epoch_ms: int | None
+    next_run_time_iso: str | None
+    next_fire_times: list[str] = Field(description="The next (up to 5) nominal fire times, ISO 8601 UTC.")
+    next_fire_times_epoch_ms: list[int]
+    created_at: str
+
+
+class RunResource(BaseModel):
+    run_id: str
+    job_id: str
+    state: str
+    attempt: int
+    fencing_token: int
+    priority: str
+    nominal_time_iso: str | None
+    due_time_iso: str | None = Field(description="None while the job is paused (the run is parked).")
+    lease_worker_id: str | None
+    lease_expires_at: str | None
+    last_heartbeat_at: str | None
+    dispatched_at: str | None
+    started_at: str | None
+    finished_at: str | None
+    last_error: str | None
+    dead_letter: bool
+    result: Any = Field(description="A webhook's `{status, body}` or a task's return value.")
+
+
+class JobSummary(BaseModel):
+    job_id: str
+    tenant_id: str
+    job_name: str
+    job_status: str
+    schedule_type: str
+    cron_expression: str | None
+    timezone: str
+    priority: str
+    task: str | None
+    created_at: str | None
+    updated_at: str | None
+
+
+class JobResource(JobSummary):
+    status: str = Field(description="The state of the job's current run, or the job's status when it has none.")
+    last_heartbeat_at: str | None
+    current_lease_worker_id: str | None
+    current_attempt: int | None
+    fencing_token: int | None
+    next_run_time_epoch_ms: int | None
+    next_run_time_iso: str | None
+    next_fire_times: list[str | None]
+    current_run: RunResource | None
+    run_counts: dict[str, int] = Field(description="How many of the job's runs are in each state.")
+    payload: Any
+    retry_policy: dict[str, Any]
+    misfire_policy: str
+    catchup_window_seconds: int
+    overlap_policy: str
+    jitter_seconds: int
+    target: dict[str, Any]
+
+
+class Attempt(BaseModel):
+    attempt: int
+    worker_id: str | None
+    started_at: str | None
+    finished_at: str | None
+    outcome: str | None = Field(description="SUCCEEDED, RETRYING, FAILED, RECLAIMED, ...; None while running.")
+    error: str | None
+    duration_ms: int | None
+
+
+class Event(BaseModel):
+    run_id: str
+    attempt: int
+    fencing_token: int
+    event: str
+    at: str | None
+    worker_id: str | None
+    error: str | None
+    duration_ms: int | None
+
+
+class RunWithAttempts(RunResource):
+    attempts: list[Attempt]
+    events: list[Event]
+
+
+class JobPage(BaseModel):
+    items: list[JobSummary]
+    next_cursor: str | None = Field(description="Pass as `cursor` for the next page; None on the last.")
+
+
+class RunPage(BaseModel):
+    items: list[RunWithAttempts]
+    next_cursor: str | None
+
+
+class DeadLetterPage(BaseModel):
+    items: list[RunResource]
+    next_cursor: str | None
+
+
+class Health(BaseModel):
+    status: str
+    checks: dict[str, str] = Field(default_factory=dict)
