@@ -175,4 +175,19 @@ def _history(url: str, store: JobStore, sqlite: _Opener, flush_s: float) -> Hist
         else:
             pg_sink = PostgresHistory.from_url(url)
         return BufferedHistory(pg_sink, interval_s=flush_s) if flush_s > 0 else pg_sink
-    raise ConfigError("history", url, "unsupported history URL; use sqlite:///path.db, postgresql://... or memory://")
+    # The AWS sinks buffer on their own schedule (flush_s / flush_bytes in the URL): wrapping them
+    # in BufferedHistory would write one S3 object per process every history_flush_s.
+    if scheme == "s3":
+        from jobq.history.s3 import S3History  # raises MissingExtra without jobq[aws]
+
+        return S3History.from_url(url)
+    if scheme == "firehose":
+        from jobq.history.firehose import FirehoseHistory
+
+        return FirehoseHistory.from_url(url)  # reading needs &s3=s3://BUCKET/PREFIX of the stream's destination
+    raise ConfigError(
+        "history",
+        url,
+        "unsupported history URL; use sqlite:///path.db, postgresql://..., memory://, s3://BUCKET/PREFIX "
+        "or firehose://STREAM",
+    )

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from factories import T0
+from moto_server import shared_moto_server
 
+from jobq.clock import ManualClock
 from jobq.history.buffered import BufferedHistory
 from jobq.history.memory import MemoryHistory
 from jobq.history.sqlite import SqliteHistory
@@ -33,11 +38,79 @@ def _postgres(tmp_path: Path) -> HistorySink:
     return Owned(store.db)
 
 
+def _moto_bucket() -> tuple[Any, str, Callable[[], None]]:
+    """An S3 client on moto's server, a new bucket of this test's own, and what empties and deletes it."""
+    import boto3
+
+    s3 = boto3.client("s3", **shared_moto_server().client_kwargs())
+    bucket = f"jobq-history-{uuid.uuid4().hex[:12]}"
+    s3.create_bucket(Bucket=bucket)
+
+    def drop() -> None:
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+            for item in page.get("Contents", []):
+                s3.delete_object(Bucket=bucket, Key=item["Key"])
+        s3.delete_bucket(Bucket=bucket)
+        s3.close()
+
+    return s3, bucket, drop
+
+
+def _s3(tmp_path: Path) -> HistorySink:
+    from jobq.history.s3 import S3History
+
+    s3, bucket, drop = _moto_bucket()
+
+    class Owned(S3History):
+        def close(self) -> None:
+            super().close()
+            drop()
+
+    # The events are timed at T0, months ago: a clock at T0 puts them inside read's look-back.
+    return Owned(s3, bucket, "history", clock=ManualClock(T0), flush_s=60)
+
+
+def _firehose(tmp_path: Path) -> HistorySink:
+    """A delivery stream into a bucket on moto's server, which delivers each PutRecordBatch to S3
+    at once (Firehose's default YYYY/MM/DD/HH/ layout): `read` goes through that bucket."""
+    import boto3
+
+    from jobq.history.firehose import FirehoseHistory
+    from jobq.history.s3 import FIREHOSE, HOUR_MS, S3EventScanner
+
+    s3, bucket, drop = _moto_bucket()
+    firehose = boto3.client("firehose", **shared_moto_server().client_kwargs())
+    stream = f"jobq-history-{uuid.uuid4().hex[:12]}"
+    firehose.create_delivery_stream(
+        DeliveryStreamName=stream,
+        DeliveryStreamType="DirectPut",
+        ExtendedS3DestinationConfiguration={
+            "RoleARN": "arn:aws:iam::123456789012:role/firehose",
+            "BucketARN": f"arn:aws:s3:::{bucket}",
+            "Prefix": "history/",
+        },
+    )
+
+    class Owned(FirehoseHistory):
+        def close(self) -> None:
+            super().close()
+            with contextlib.closing(firehose):
+                firehose.delete_delivery_stream(DeliveryStreamName=stream)
+            drop()
+
+    reader = S3EventScanner(
+        s3, bucket, "history", layout=FIREHOSE, clock=ManualClock(T0), early_ms=HOUR_MS, late_ms=HOUR_MS
+    )
+    return Owned(firehose, stream, reader=reader, flush_s=60)
+
+
 SINKS: dict[str, Callable[[Path], HistorySink]] = {
     "memory": lambda tmp: MemoryHistory(),
     "sqlite": lambda tmp: SqliteHistory(SqliteDatabase(tmp / "history.db")),
     "sqlite-buffered": lambda tmp: BufferedHistory(SqliteHistory(SqliteDatabase(tmp / "history.db")), interval_s=60),
     "postgres": _postgres,
+    "s3": _s3,
+    "firehose": _firehose,
 }
 
 
