@@ -149,7 +149,21 @@ def _transport(settings: Settings, sqlite: _Opener, clock: Clock) -> Transport:
         from jobq.transport.memory import MemoryTransport
 
         return MemoryTransport(visibility_timeout_s=settings.visibility_timeout_s, clock=clock)
-    raise ConfigError("broker", url, "unsupported broker URL; use sqlite:///path.db or memory://")
+    if scheme in ("redis", "rediss", "amqp", "amqps", "sqs"):
+        extra = {"redis": "redis", "rediss": "redis", "sqs": "aws"}.get(scheme, "amqp")
+        feature = f"the {scheme}:// broker"
+        require("kombu", extra, feature)
+        require({"redis": "redis", "rediss": "redis", "sqs": "boto3"}.get(scheme, "amqp"), extra, feature)
+        from jobq.transport.kombu import KombuTransport
+
+        # Design §5: a broker's own redelivery (Redis, SQS) must come after schedule-to-start, so a
+        # run whose worker died before starting it is recovered by the reaper (fence+1) first; the
+        # late redelivery then fails the start CAS and is dropped.
+        visibility_s = max(settings.visibility_timeout_s, settings.schedule_to_start_s + settings.lease_s)
+        return KombuTransport(url, visibility_timeout_s=visibility_s)
+    raise ConfigError(
+        "broker", url, "unsupported broker URL; use sqlite:///path.db, redis://, amqp://, sqs:// or memory://"
+    )
 
 
 def _history(url: str, store: JobStore, sqlite: _Opener, flush_s: float) -> HistorySink:
