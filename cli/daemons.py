@@ -44,7 +44,11 @@ def run_until_stopped(d: Deployment, daemons: Sequence[Daemon], on_start: Callab
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    server = metrics.serve(d.settings.metrics_port) if d.settings.metrics_port else None
+
+    def health() -> bool:
+        return all(x.healthy() for x in daemons)
+
+    server = metrics.serve(d.settings.metrics_port, health=health) if d.settings.metrics_port else None
     threads = [threading.Thread(target=x.run_forever, args=(stop,), name=f"jobq-{x.name}") for x in daemons]
     for t in threads:
         t.start()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import bisect
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
@@ -115,17 +115,25 @@ class Metrics:
 METRICS = Metrics()
 
 
-def serve(port: int, host: str = "0.0.0.0") -> ThreadingHTTPServer:
-    """Serve `/metrics` from a daemon thread; returns the server (call `shutdown()` to stop)."""
+def serve(port: int, host: str = "0.0.0.0", health: Callable[[], bool] | None = None) -> ThreadingHTTPServer:
+    """Serve `/metrics` and `/healthz` (200 when `health()` is true, else 503: a liveness probe)
+    from a daemon thread; returns the server (call `shutdown()` to stop)."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            if self.path.split("?")[0] != "/metrics":
+            path = self.path.split("?")[0]
+            if path == "/healthz":
+                ok = health() if health is not None else True
+                self._reply(200 if ok else 503, b"ok\n" if ok else b"unhealthy\n", "text/plain")
+                return
+            if path != "/metrics":
                 self.send_error(404)
                 return
-            body = METRICS.render().encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self._reply(200, METRICS.render().encode(), "text/plain; version=0.0.4")
+
+        def _reply(self, status: int, body: bytes, content_type: str) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)

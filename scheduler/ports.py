@@ -249,6 +249,16 @@ class Transport(Protocol):
     def close(self) -> None: ...
 
 
+@runtime_checkable
+class HealthCheck(Protocol):
+    """Optional: a transport that can tell whether its consumer still reaches the broker."""
+
+    def health_check(self, max_silence_s: float) -> bool:
+        """True while open, the last broker call succeeded, and a consume came back from the broker
+        within the last `max_silence_s` seconds."""
+        ...
+
+
 class HistorySink(Protocol):
     """Where every attempt's start and outcome is recorded for later reading."""
 

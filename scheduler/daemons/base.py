@@ -11,6 +11,11 @@ from jobq.models import Run, RunEvent
 from jobq.wiring import Deployment
 
 
+# After a failing pass, wait 0.5 s, 1 s, 2 s, ... up to this: short outages of a broker or a store
+# are the common case, and a daemon should be back within seconds of its dependency.
+MAX_BACKOFF_S = 5.0
+
+
 class Daemon:
     """Subclasses implement `run_once`. The loop is drift-corrected (a slow pass does not push
     every later tick back), runs again at once while a pass fills its batch, backs off
@@ -27,6 +32,7 @@ class Daemon:
         self.log = logging.getLogger(f"jobq.{self.name}")
         self.total = 0
         self.passes = 0
+        self.last_beat = time.monotonic()  # when the loop last came round; see `healthy`
 
     def run_once(self, now_ms: int) -> int:
         """Do one pass of work as of `now_ms`; return how many items it handled."""
@@ -43,11 +49,17 @@ class Daemon:
     def on_stop(self) -> None:
         pass
 
+    def healthy(self, max_silence_s: float = 60.0) -> bool:
+        """Whether the loop is still coming round (a pass, or a wait between passes, ended within
+        `max_silence_s`); a loop stuck in a call that never returns turns this False."""
+        return time.monotonic() - self.last_beat <= max(max_silence_s, 3 * self.interval_s)
+
     def run_forever(self, stop: threading.Event) -> None:
         self.log.info("%s started", self.name)
         next_tick = time.monotonic()
         failures = 0
         while not stop.is_set():
+            self.last_beat = time.monotonic()
             try:
                 done = self.run_once(self.clock.now_ms())
                 failures = 0
@@ -55,7 +67,7 @@ class Daemon:
                 failures += 1
                 METRICS.loop_errors.inc(daemon=self.name)
                 self.log.exception("%s pass failed (%d in a row)", self.name, failures)
-                stop.wait(min(30.0, 0.25 * 2**failures))
+                stop.wait(min(MAX_BACKOFF_S, 0.25 * 2**failures))
                 next_tick = time.monotonic()
                 continue
             self.total += done

@@ -20,12 +20,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jobq.codec import Envelope, UndecodableMessage, decode
-from jobq.daemons.base import Daemon, event
+from jobq.daemons.base import MAX_BACKOFF_S, Daemon, event
 from jobq.ids import new_worker_id
 from jobq.logs import run_fields
 from jobq.metrics import METRICS
 from jobq.models import WEBHOOK_TASK, Job, JobStatus, Run, RunState, Transition, WebhookTarget
-from jobq.ports import Delivery, IndexEntry
+from jobq.ports import Delivery, HealthCheck, IndexEntry
 from jobq.retry import decide
 from jobq.tasks import TaskContext, TaskDef, TaskRegistry, WebhookCaller
 from jobq.wiring import Deployment
@@ -120,9 +120,11 @@ class Worker(Daemon):
         self.start()
         failures = 0
         while not stop.is_set():
+            self.last_beat = time.monotonic()
             with self._slots:
                 while self._in_flight >= self.concurrency and not stop.is_set():
                     self._slots.wait(0.2)
+                    self.last_beat = time.monotonic()
             if stop.is_set():
                 break
             try:
@@ -132,8 +134,18 @@ class Worker(Daemon):
                 failures += 1
                 METRICS.loop_errors.inc(daemon=self.name)
                 self.log.exception("consume failed (%d in a row)", failures)
-                stop.wait(min(30.0, 0.25 * 2**failures))
+                stop.wait(min(MAX_BACKOFF_S, 0.25 * 2**failures))
         self.shutdown()
+
+    def healthy(self, max_silence_s: float = 60.0) -> bool:
+        """The loop is coming round and, when a slot is free, the transport still reaches the broker
+        (a worker whose slots are all busy on long tasks consumes nothing and is still healthy)."""
+        if not super().healthy(max_silence_s):
+            return False
+        with self._slots:
+            busy = self._in_flight >= self.concurrency
+        transport = self.d.transport
+        return busy or not isinstance(transport, HealthCheck) or transport.health_check(max_silence_s)
 
     def wait_idle(self, timeout_s: float = 10.0) -> bool:
         """Block until nothing is in flight (for tests and graceful shutdown)."""

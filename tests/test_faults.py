@@ -1,0 +1,100 @@
+"""Outages of a dependency, with real processes: nothing is lost or duplicated, daemons recover."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from private_redis import PrivateRedis
+from procs import Processes, wait_until
+from services import free_port
+from test_e2e_processes import TASKS, _effects
+
+from jobq.client import Client
+from jobq.models import Priority, RunState, TaskTarget
+from jobq.ports import RunQuery
+from jobq.settings import Settings
+from jobq.submission import JobSpec
+from jobq.wiring import Deployment, connect
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def redis(tmp_path: Path) -> Iterator[PrivateRedis]:
+    server = PrivateRedis(tmp_path)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Path:
+    (tmp_path / "e2e_tasks.py").write_text(TASKS)
+    effects = sqlite3.connect(tmp_path / "effects.db")
+    effects.execute("CREATE TABLE effects (run_id TEXT, attempt INT, fence INT, worker TEXT, kind TEXT)")
+    effects.commit()
+    effects.close()
+    return tmp_path
+
+
+def _health(port: int) -> int:
+    try:
+        return int(urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2).status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError:
+        return 0
+
+
+def test_a_broker_outage_loses_and_duplicates_nothing_and_workers_report_it(workdir: Path, redis: PrivateRedis) -> None:
+    store = f"sqlite:///{workdir / 'jobq.db'}"
+    env = {
+        "JOBQ_STORE": store,
+        "JOBQ_BROKER": redis.url,
+        "JOBQ_SCHEDULE_TO_START_S": "5",  # messages lost with the broker are re-dispatched soon
+        "E2E_EFFECTS": str(workdir / "effects.db"),
+    }
+    d: Deployment = connect(Settings.load({"store": store, "broker": redis.url, "history_flush_s": 0}, env={}))
+    procs = Processes(workdir, env)
+    health_port = free_port()
+    try:
+        for name in ("beat", "scanner", "reaper"):
+            procs.start(name, name)
+        procs.start("worker-1", "worker", "-A", "e2e_tasks", "-c", "4", "--metrics-port", str(health_port))
+        procs.start("worker-2", "worker", "-A", "e2e_tasks", "-c", "4")
+        wait_until(lambda: _health(health_port) == 200, 30, "the worker to report healthy")
+        client = Client(d)
+
+        def spec(**fields: object) -> JobSpec:
+            return JobSpec.model_validate({"target": TaskTarget(task="e2e.record"), **fields})
+
+        for i in range(200):
+            client.submit(spec(schedule_type="IMMEDIATE", priority=list(Priority)[i % 4]))
+        for i in range(100):  # due before, during and after the outage
+            client.submit(spec(schedule_type="ONE_OFF", delay_seconds=0.1 * i))
+        time.sleep(1.5)
+        redis.stop()
+        wait_until(lambda: _health(health_port) == 503, 30, "the worker to report the lost broker")
+        time.sleep(5)
+        redis.start()
+        wait_until(lambda: _health(health_port) == 200, 60, "the worker to recover")
+
+        def everything_done() -> bool:
+            runs = d.store.list_runs(RunQuery(limit=1000)).items
+            return len(runs) == 300 and all(r.state is RunState.SUCCEEDED for r in runs)
+
+        wait_until(everything_done, 120, "every run to succeed after the outage")
+        executed = [row[0] for row in _effects(workdir)]
+        assert len(executed) == len(set(executed)) == 300, "a run was lost or executed twice"
+    finally:
+        codes = procs.stop_all()
+        d.close()
+    assert all(code == 0 for code in codes.values()), (codes, procs.logs())
+    logs = procs.logs()
+    assert "TransportUnavailable" in logs, "the daemons should log the outage"
