@@ -209,6 +209,16 @@ class ClaimingIndex(Protocol):
         ...
 
 
+@runtime_checkable
+class PartitionedIndex(Protocol):
+    """Optional: an index whose buckets scanners share out among themselves (Redis, by rendezvous
+    hashing over live scanners). Each scanner claims through its own view."""
+
+    def for_scanner(self, scanner_id: str) -> TimeIndex:
+        """A view of the same index that claims only the buckets `scanner_id` owns."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class Delivery:
     queue: str

@@ -135,7 +135,16 @@ def _index(url: str, store: JobStore, sqlite: _Opener) -> TimeIndex:
         if not isinstance(store, PostgresStore) or not store.db.config.same_database(config):
             raise ConfigError("index", config.display, "the index is a view of the store: give both the same URL")
         return PostgresTimeIndex(store)
-    raise ConfigError("index", url, "unsupported index URL; use the store's sqlite or postgresql URL, or memory://")
+    if scheme in ("redis", "rediss"):
+        from jobq.timeindex.redis import RedisTimeIndex  # raises MissingExtra without jobq[redis]
+
+        return RedisTimeIndex.from_url(url)  # ?prefix=…&capacity=…; Redis Cluster: ?cluster=true
+    raise ConfigError(
+        "index",
+        url,
+        "unsupported index URL; use the store's sqlite or postgresql URL, redis://, rediss:// "
+        "(Redis Cluster: ?cluster=true) or memory://",
+    )
 
 
 def _transport(settings: Settings, sqlite: _Opener, clock: Clock) -> Transport:

@@ -46,6 +46,10 @@ class Processes:
                 codes[name] = None
         return codes
 
+    def log(self, name: str) -> str:
+        path = self.workdir / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
     def logs(self) -> str:
         parts = []
         for name in self.procs:

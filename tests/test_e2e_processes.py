@@ -14,16 +14,16 @@ from pathlib import Path
 
 import pytest
 from procs import Processes, wait_until
+from stacks import STACKS, Stack, stack
 
 from jobq.client import Client
 from jobq.daemons.worker import Worker
 from jobq.metrics import METRICS
 from jobq.models import Priority, RunState, TaskTarget
 from jobq.ports import Delivery, RunQuery
-from jobq.settings import Settings
 from jobq.submission import JobSpec
 from jobq.tasks import TaskRegistry
-from jobq.wiring import Deployment, connect
+from jobq.wiring import Deployment
 
 pytestmark = pytest.mark.slow
 
@@ -69,17 +69,18 @@ def workdir(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def _env(workdir: Path, **settings: str) -> dict[str, str]:
-    env = {"JOBQ_STORE": f"sqlite:///{workdir / 'jobq.db'}", "E2E_EFFECTS": str(workdir / "effects.db")}
+@pytest.fixture(params=STACKS)
+def deployed(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Stack, Deployment]]:
+    with stack(request.param, tmp_path) as built:
+        d = built.connect()
+        yield built, d
+        d.close()
+
+
+def _env(built: Stack, workdir: Path, **settings: str) -> dict[str, str]:
+    env = {**built.env, "E2E_EFFECTS": str(workdir / "effects.db")}
     env.update({f"JOBQ_{k.upper()}": v for k, v in settings.items()})
     return env
-
-
-@pytest.fixture
-def deployment(workdir: Path) -> Iterator[Deployment]:
-    d = connect(Settings.load({"store": f"sqlite:///{workdir / 'jobq.db'}", "history_flush_s": 0}, env={}))
-    yield d
-    d.close()
 
 
 def _effects(workdir: Path, kind: str = "done") -> list[tuple[str, int, int, str]]:
@@ -103,42 +104,45 @@ def _all_runs(d: Deployment) -> list:  # type: ignore[type-arg]
         cursor = page.next_cursor
 
 
-def test_every_run_succeeds_exactly_once_across_real_processes(workdir: Path, deployment: Deployment) -> None:
+def test_every_run_succeeds_exactly_once_across_real_processes(
+    workdir: Path, deployed: tuple[Stack, Deployment]
+) -> None:
     """Two copies of every daemon: copies must never duplicate a run."""
-    procs = Processes(workdir, _env(workdir))
+    built, deployment = deployed
+    instant_n, delayed_n, cron_s = round(500 * built.scale), max(5, round(50 * built.scale)), 10
+    procs = Processes(workdir, _env(built, workdir))
     try:
         for name in ("beat", "scanner", "reaper"):
             procs.start(f"{name}-1", name)
             procs.start(f"{name}-2", name)
         procs.start("worker-1", "worker", "-A", "e2e_tasks", "-c", "4")
         procs.start("worker-2", "worker", "-A", "e2e_tasks", "-c", "4")
-        workers_up = "SELECT count(*) FROM jobq_workers"
-        wait_until(lambda: deployment.store.db.read(workers_up)[0][0] == 2, 30, "both workers to register")  # type: ignore[attr-defined]
+        wait_until(lambda: all("serving" in procs.log(w) for w in ("worker-1", "worker-2")), 60, "both workers")
         client = Client(deployment)
         tiers = list(Priority)
-        instant = [client.submit(_spec("e2e.record", priority=tiers[i % 4])).job.job_id for i in range(500)]
+        instant = [client.submit(_spec("e2e.record", priority=tiers[i % 4])).job.job_id for i in range(instant_n)]
         delayed = [
             client.submit(_spec("e2e.record", schedule_type="ONE_OFF", delay_seconds=1 + i % 5)).job.job_id
-            for i in range(50)
+            for i in range(delayed_n)
         ]
         cron = client.submit(
             _spec("e2e.record", schedule_type="CRON", cron_expression="* * * * * *", overlap_policy="ALLOW_ALL")
         ).job
-        time.sleep(10)
+        time.sleep(cron_s)
         client.cancel(cron.job_id)
         cancelled_at = deployment.clock.now_ms()
 
         def finished() -> bool:
             return all(r.state.terminal for r in _all_runs(deployment))
 
-        wait_until(finished, 90, "every run to finish")
+        wait_until(finished, 180, "every run to finish")
         runs = _all_runs(deployment)
         one_offs = [r for r in runs if r.job_id != cron.job_id]
         cron_runs = [r for r in runs if r.job_id == cron.job_id]
         assert {r.job_id for r in one_offs} == set(instant) | set(delayed)
         assert all(r.state is RunState.SUCCEEDED for r in one_offs), procs.logs()
         fired = [r for r in cron_runs if r.state is RunState.SUCCEEDED]
-        assert len(fired) >= 8, [(r.run_id, r.state) for r in cron_runs]
+        assert len(fired) >= cron_s - 2, [(r.run_id, r.state) for r in cron_runs]
         # Runs due well before the cancellation ran; any other was cancelled (and is never executed).
         assert all(r.state is RunState.SUCCEEDED for r in cron_runs if r.nominal_ms < cancelled_at - 5000)
         assert all(r.state is RunState.CANCELLED for r in cron_runs if r.state is not RunState.SUCCEEDED)
@@ -155,9 +159,10 @@ def test_every_run_succeeds_exactly_once_across_real_processes(workdir: Path, de
 
 
 def test_a_killed_worker_s_run_is_reclaimed_and_completed_elsewhere_with_a_higher_fence(
-    workdir: Path, deployment: Deployment
+    workdir: Path, deployed: tuple[Stack, Deployment]
 ) -> None:
-    procs = Processes(workdir, _env(workdir, lease_s="3", heartbeat_s="1", visibility_timeout_s="60"))
+    built, deployment = deployed
+    procs = Processes(workdir, _env(built, workdir, lease_s="3", heartbeat_s="1", visibility_timeout_s="60"))
     try:
         for name in ("beat", "scanner", "reaper"):
             procs.start(name, name)
@@ -176,7 +181,7 @@ def test_a_killed_worker_s_run_is_reclaimed_and_completed_elsewhere_with_a_highe
         procs.kill9("worker-a")
         procs.start("worker-b", "worker", "-A", "e2e_tasks", "-c", "1", "--worker-id", "worker-b")
 
-        final = client.wait(job.job_id, timeout_s=40)
+        final = client.wait(job.job_id, timeout_s=60)
         assert final.state is RunState.SUCCEEDED, procs.logs()
         assert final.attempt == 2
         assert final.fence > held.fence

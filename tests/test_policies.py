@@ -311,7 +311,7 @@ def test_beat_repairs_an_index_that_lost_its_entries(tmp_path: Path, clock: Manu
         for _ in range(20):
             count_it.schedule(delay_s=1)
         h.d.index = MemoryTimeIndex()  # the index was flushed
-        h.scanner.d.index = h.d.index
+        h.scanner.index = h.d.index
         h.beat.d.index = h.d.index
         h.cycle(1)
         assert ran == []

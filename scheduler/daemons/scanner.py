@@ -29,7 +29,7 @@ from jobq.models import (
     RunState,
     Transition,
 )
-from jobq.ports import ClaimingIndex, IndexEntry
+from jobq.ports import ClaimingIndex, IndexEntry, PartitionedIndex
 from jobq.wiring import Deployment
 
 _C = frozenset({RunState.CLAIMED})
@@ -89,6 +89,8 @@ class Scanner(Daemon):
         super().__init__(deployment)
         self.interval_s = self.settings.scan_interval_s
         self.scanner_id = scanner_id or new_worker_id("scanner")
+        index = deployment.index
+        self.index = index.for_scanner(self.scanner_id) if isinstance(index, PartitionedIndex) else index
         self.batch = self.settings.scan_batch
         self.threshold_ms = round(self.settings.misfire_threshold_s * 1000)
         self._full = False
@@ -97,14 +99,14 @@ class Scanner(Daemon):
         return self._full
 
     def wait_s(self, default_s: float) -> float:
-        upcoming = self.d.index.next_due_ms()
+        upcoming = self.index.next_due_ms()
         if upcoming is None:
             return default_s
         return max(0.0, min(default_s, (upcoming - self.clock.now_ms()) / 1000))
 
     def run_once(self, now_ms: int) -> int:
         lease_ms = round(self.settings.claim_lease_s * 1000)
-        index = self.d.index
+        index = self.index
         if isinstance(index, ClaimingIndex):
             claimed = index.claim_runs(now_ms, self.batch, self.scanner_id, lease_ms)
             self._full = len(claimed) == self.batch
@@ -120,7 +122,7 @@ class Scanner(Daemon):
         if plan.moves:
             self.store.transition(plan.moves)
         if plan.reindex:
-            self.d.index.add(plan.reindex)
+            self.index.add(plan.reindex)
         if plan.events:
             self.d.history.record(plan.events)
         return len(claimed)
@@ -279,7 +281,7 @@ class Scanner(Daemon):
                     for r in unsent
                 ]
             )
-            self.d.index.add([IndexEntry(r.run_id, r.due_ms, r.priority) for r in back if r is not None])
+            self.index.add([IndexEntry(r.run_id, r.due_ms, r.priority) for r in back if r is not None])
             self._mark_dispatched(published, now_ms)
             raise
         self._mark_dispatched(published, now_ms)

@@ -189,13 +189,15 @@ class KombuTransport:
         poll_interval_s: float | None = None,
         connect_retries: int = 2,
     ) -> None:
+        scheme, kombu_url, options = _split_url(url)
+        # `?prefix=` in the URL names the queues, so deployments (and tests) can share a broker.
+        prefix = str(options.pop("prefix", prefix))
         if visibility_timeout_s <= 0:
             raise ConfigError("visibility_timeout_s", visibility_timeout_s, "must be positive")
         if not prefix or not set(prefix) <= _NAME_CHARS:
             raise ConfigError("prefix", prefix, "use letters, digits, '-' and '_' only")
         if poll_interval_s is not None and poll_interval_s <= 0:
             raise ConfigError("poll_interval_s", poll_interval_s, "must be positive")
-        scheme, kombu_url, options = _split_url(url)
         options.update(transport_options or {})
         self._url = _redact(url)
         self._prefix = prefix
