@@ -52,15 +52,18 @@ def _health(port: int) -> int:
         return 0
 
 
-def test_a_broker_outage_loses_and_duplicates_nothing_and_workers_report_it(workdir: Path, redis: PrivateRedis) -> None:
+def test_a_redis_outage_loses_and_duplicates_nothing_and_workers_report_it(workdir: Path, redis: PrivateRedis) -> None:
     store = f"sqlite:///{workdir / 'jobq.db'}"
     env = {
         "JOBQ_STORE": store,
+        "JOBQ_INDEX": redis.url,  # the time index and the broker both live on the Redis that goes away
         "JOBQ_BROKER": redis.url,
         "JOBQ_SCHEDULE_TO_START_S": "5",  # messages lost with the broker are re-dispatched soon
+        "JOBQ_REPAIR_INTERVAL_S": "1",
         "E2E_EFFECTS": str(workdir / "effects.db"),
     }
-    d: Deployment = connect(Settings.load({"store": store, "broker": redis.url, "history_flush_s": 0}, env={}))
+    urls = {"store": store, "index": redis.url, "broker": redis.url, "history_flush_s": 0}
+    d: Deployment = connect(Settings.load(urls, env={}))
     procs = Processes(workdir, env)
     health_port = free_port()
     try:
@@ -96,5 +99,49 @@ def test_a_broker_outage_loses_and_duplicates_nothing_and_workers_report_it(work
         codes = procs.stop_all()
         d.close()
     assert all(code == 0 for code in codes.values()), (codes, procs.logs())
-    logs = procs.logs()
-    assert "TransportUnavailable" in logs, "the daemons should log the outage"
+    assert "scanner pass failed" in procs.log("scanner"), "the scanner should log the outage"
+    assert "consume failed" in procs.log("worker-1"), "the worker should log the outage"
+
+
+def test_flushing_the_time_index_mid_run_loses_nothing_because_beat_repairs_it(
+    workdir: Path, redis: PrivateRedis
+) -> None:
+    store = f"sqlite:///{workdir / 'jobq.db'}"
+    env = {
+        "JOBQ_STORE": store,
+        "JOBQ_INDEX": redis.url,
+        "JOBQ_REPAIR_INTERVAL_S": "1",
+        "E2E_EFFECTS": str(workdir / "effects.db"),
+    }
+    d = connect(Settings.load({"store": store, "index": redis.url, "history_flush_s": 0}, env={}))
+    procs = Processes(workdir, env)
+    try:
+        client = Client(d)
+        for i in range(1000):  # due over the next 8 seconds
+            spec = JobSpec.model_validate(
+                {"target": TaskTarget(task="e2e.record"), "schedule_type": "ONE_OFF", "delay_seconds": 0.008 * i}
+            )
+            client.submit(spec)
+        for name in ("beat", "scanner", "reaper"):
+            procs.start(name, name)
+        procs.start("worker", "worker", "-A", "e2e_tasks", "-c", "8")
+        wait_until(lambda: len(_effects(workdir)) >= 100, 60, "the first runs")
+        import redis as redis_client
+
+        flusher = redis_client.Redis.from_url(redis.url)
+        assert flusher.dbsize() > 0
+        flusher.flushall()  # the index loses every entry still waiting
+        flusher.close()
+
+        def everything_done() -> bool:
+            runs = d.store.list_runs(RunQuery(limit=2000)).items
+            return len(runs) == 1000 and all(r.state is RunState.SUCCEEDED for r in runs)
+
+        wait_until(everything_done, 120, "every run to succeed after the flush")
+        executed = [row[0] for row in _effects(workdir)]
+        assert len(executed) == len(set(executed)) == 1000
+        assert "re-indexed" in procs.log("beat"), "beat should have repaired the index"
+    finally:
+        codes = procs.stop_all()
+        d.close()
+    assert all(code == 0 for code in codes.values()), (codes, procs.logs())
