@@ -13,6 +13,7 @@ from typing import Any, NoReturn, TypeVar
 import click
 from pydantic import ValidationError
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from jobq.app import App, default_app
@@ -25,7 +26,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 EXIT_USAGE = 2
 
 # Piped output (scripts, logs) gets whole values: rich would otherwise assume 80 columns.
-console = Console(highlight=False, width=None if sys.stdout.isatty() else 240)
+# Output is data (task names, error texts): never read as rich markup, so brackets print as they are.
+console = Console(highlight=False, markup=False, width=None if sys.stdout.isatty() else 240)
 err_console = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 240)
 
 
@@ -39,7 +41,7 @@ def table(*columns: str) -> Table:
 
 def fail(message: str) -> NoReturn:
     """Print one line to stderr and exit 2: the CLI's only error path for bad input."""
-    err_console.print(f"[bold red]error:[/] {message}", soft_wrap=True)
+    err_console.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)  # messages may hold [brackets]
     raise SystemExit(EXIT_USAGE)
 
 

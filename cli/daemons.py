@@ -113,9 +113,7 @@ def dev(
     worker = Worker(d, registry, webhook=caller)
     daemons: list[Daemon] = [Beat(d), Scanner(d), worker, Reaper(d)]
     served = dev_api(d) if serve_api else None
-    console.print(
-        f"[bold]jobq dev[/] store={settings.store_url} queues={','.join(worker.queues)} slots={worker.concurrency}"
-    )
+    console.print(f"jobq dev store={settings.store_url} queues={','.join(worker.queues)} slots={worker.concurrency}")
     console.print(f"tasks: {', '.join(sorted(registry.names())) or '(none: pass -A MODULE)'}")
     if served is not None:
         server, token = served

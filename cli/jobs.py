@@ -156,7 +156,7 @@ def schedule(
         print_json(job_resource(view))
         return
     verb = "scheduled" if submitted.created else "already scheduled (same Idempotency-Key)"
-    console.print(f"[green]{verb}[/] {view.job.job_id}  {task}  {kind.value}  {view.job.priority.value}")
+    console.print(f"{verb} {view.job.job_id}  {task}  {kind.value}  {view.job.priority.value}")
     for ms in view.next_fire_times[:5]:
         console.print(f"  next: {_iso(ms)}")
 
@@ -191,13 +191,13 @@ def status(job_id: str, as_json: bool, **options: Any) -> None:
         "created_at",
     ):
         if resource.get(key) is not None:
-            table.add_row(f"[bold]{key}[/]", str(resource[key]))
+            table.add_row(key, str(resource[key]))
     run = view.current_run
     if run is not None and run.last_error:
-        table.add_row("[bold]last_error[/]", run.last_error)
-    table.add_row("[bold]runs[/]", ", ".join(f"{k}={v}" for k, v in sorted(view.counts.items())) or "none yet")
+        table.add_row("last_error", run.last_error)
+    table.add_row("runs", ", ".join(f"{k}={v}" for k, v in sorted(view.counts.items())) or "none yet")
     if len(view.next_fire_times) > 1:
-        table.add_row("[bold]next fires[/]", ", ".join(_iso(ms) for ms in view.next_fire_times))
+        table.add_row("next fires", ", ".join(_iso(ms) for ms in view.next_fire_times))
     console.print(table)
 
 
@@ -368,7 +368,7 @@ def dlq_show(run_id: str, as_json: bool, **options: Any) -> None:
     table = Table(show_header=False, box=None)
     for key, value in resource.items():
         if key != "history" and value is not None:
-            table.add_row(f"[bold]{key}[/]", str(value))
+            table.add_row(key, str(value))
     console.print(table)
     for e in events:
         console.print(f"  {_iso(e.at_ms)} attempt {e.attempt} {e.kind} {e.error or ''}")

@@ -188,3 +188,15 @@ def test_an_unknown_queue_is_refused(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["worker", "-Q", "critical,urgent", "--store", f"sqlite:///{tmp_path}/j.db"])
     assert result.exit_code == 2
     assert "unknown queue(s) urgent" in result.output
+
+
+def test_text_with_brackets_prints_as_it_is(run, h: Harness) -> None:  # type: ignore[no-untyped-def]
+    @h.app.task(name="t.brackets")
+    def brackets() -> None:
+        raise KeyError("[bold]not markup[/]")
+
+    h.worker().start()
+    job_id = json.loads(run("schedule", "t.brackets", "--now", "--max-retries", "0", "--json").output)["job_id"]
+    cycle(h)
+    shown = run("status", job_id)
+    assert "[bold]not markup[/]" in shown.output
