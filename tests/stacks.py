@@ -86,6 +86,14 @@ def _self_hosted(tag: str) -> Stack:
             "broker": f"{amqp}?prefix={tag}",
         },
     )
+    built.cleanups += self_hosted_cleanups(tag)
+    return built
+
+
+def self_hosted_cleanups(tag: str) -> list[Callable[[], None]]:
+    """Drop what a self-hosted deployment named `tag` left: its schema, index keys and queues."""
+    pg = require_postgres()
+    amqp = require_rabbitmq()
 
     def drop_schema() -> None:
         import psycopg
@@ -102,8 +110,7 @@ def _self_hosted(tag: str) -> Stack:
                 with contextlib.suppress(Exception):
                     channel.queue_delete(f"{tag}-{queue}")
 
-    built.cleanups += [drop_schema, _redis_prefix_cleanup(tag), delete_queues]
-    return built
+    return [drop_schema, _redis_prefix_cleanup(tag), delete_queues]
 
 
 def _aws(tag: str) -> Stack:
