@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import Any, Literal
 
 import click
 from rich.table import Table
@@ -25,7 +25,7 @@ from jobq.models import JobStatus, Priority, RetryPolicy, ScheduleType, TaskTarg
 from jobq.ports import JobQuery
 from jobq.submission import JobSpec
 from jobq.views import event_resource, iso, job_resource, job_summary, run_resource
-from jobq.wiring import init_store
+from jobq.wiring import init_store, render_store_definition
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -400,10 +400,23 @@ def dlq_purge(run_ids: tuple[str, ...], purge_all: bool, **options: Any) -> None
 
 
 @click.command()
+@click.option(
+    "--print",
+    "print_format",
+    is_flag=False,
+    flag_value="cloudformation",
+    default=None,
+    type=click.Choice(["cloudformation", "terraform"]),
+    help="Print the DynamoDB table as CloudFormation (default) or Terraform instead of creating it.",
+)
 @backend_options
-def init(**options: Any) -> None:
-    """Create or upgrade the schema of the configured store (runs PostgreSQL migrations)."""
-    console.print(init_store(load_settings(options)))
+def init(print_format: Literal["cloudformation", "terraform"] | None, **options: Any) -> None:
+    """Create or upgrade the store's schema (PostgreSQL migrations; the DynamoDB table and indexes)."""
+    settings = load_settings(options)
+    if print_format is not None:
+        console.print(render_store_definition(settings, print_format), end="")
+        return
+    console.print(init_store(settings))
 
 
 def _iso(ms: int | None) -> str:

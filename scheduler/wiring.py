@@ -10,6 +10,7 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
+from typing import Literal
 from urllib.parse import urlsplit
 
 from jobq.clock import SYSTEM_CLOCK, Clock
@@ -85,11 +86,31 @@ def init_store(settings: Settings) -> str:
             db.close()
         done = f"applied migrations {applied}" if applied else "already up to date"
         return f"PostgreSQL schema {db.schema!r} at version {version}: {done}"
+    if scheme == "dynamodb":
+        from jobq.store.dynamodb import DynamoStore
+
+        store = DynamoStore.from_url(url)
+        try:
+            created = store.create_table()
+        finally:
+            store.close()
+        state = "created (table and indexes ACTIVE, TTL on `ttl`)" if created else "already exists (indexes checked)"
+        return f"DynamoDB table {store.table.name!r}: {state}"
     if scheme == "sqlite":
         connect(settings).close()  # the embedded backends create their tables when they open
         return f"SQLite database {path_from_url(url)} ready"
     _store(url, lambda u: SqliteDatabase(path_from_url(u))).close()
     return f"{scheme} store ready"
+
+
+def render_store_definition(settings: Settings, fmt: Literal["cloudformation", "terraform"]) -> str:
+    """The store's table as infrastructure code (`jobq init --print`); makes no AWS call."""
+    url = settings.store_url
+    if _scheme(url) != "dynamodb":
+        raise ConfigError("store", url, "--print renders a DynamoDB table; other stores create their schema with init")
+    from jobq.dynamodb import DynamoConfig, render_definition
+
+    return render_definition(DynamoConfig.from_url(url).table, fmt)
 
 
 def _scheme(url: str) -> str:
@@ -110,7 +131,15 @@ def _store(url: str, sqlite: _Opener) -> JobStore:
         from jobq.store.postgres import PostgresStore  # raises MissingExtra without jobq[postgres]
 
         return PostgresStore.from_url(url)
-    raise ConfigError("store", url, "unsupported store URL; use sqlite:///path.db, postgresql://... or memory://")
+    if scheme == "dynamodb":
+        from jobq.store.dynamodb import DynamoStore  # raises MissingExtra without jobq[aws]
+
+        return DynamoStore.from_url(url)
+    raise ConfigError(
+        "store",
+        url,
+        "unsupported store URL; use sqlite:///path.db, postgresql://..., dynamodb://TABLE?region=... or memory://",
+    )
 
 
 def _index(url: str, store: JobStore, sqlite: _Opener) -> TimeIndex:

@@ -113,8 +113,8 @@ def test_every_run_succeeds_exactly_once_across_real_processes(
     procs = Processes(workdir, _env(built, workdir))
     try:
         for name in ("beat", "scanner", "reaper"):
-            procs.start(f"{name}-1", name)
-            procs.start(f"{name}-2", name)
+            for copy in range(1, built.copies + 1):
+                procs.start(f"{name}-{copy}", name)
         procs.start("worker-1", "worker", "-A", "e2e_tasks", "-c", "4")
         procs.start("worker-2", "worker", "-A", "e2e_tasks", "-c", "4")
         wait_until(lambda: all("serving" in procs.log(w) for w in ("worker-1", "worker-2")), 60, "both workers")

@@ -1,0 +1,739 @@
+"""The DynamoDB store: jobs, runs, idempotency keys, workers, tokens and secrets in one table.
+
+The item and index design is drawn in docs/dynamodb.md; the URL, the client and error translation
+live in `jobq.dynamodb`. In short:
+
+- a job is ``PK=JOB#<job_id>, SK=META``: its JSON document plus the attributes that are queried or
+  changed in place (``status``, ``version`` and ``updated_ms`` are authoritative over the document);
+- a run is ``PK=JOB#<job_id>, SK=RUN#<nominal_ms, 20 digits>`` with one attribute per field, so a
+  run id names its key and reads need no index;
+- GSI1 holds runs while the reaper, beat's repair or the dead-letter list need them: leased runs
+  by lease expiry, SCHEDULED runs by due time (one partition per priority tier), dead letters by
+  nominal time, each spread over 16 shards (``crc32(run_id) % 16``). GSI2 holds ACTIVE jobs by next
+  fire time; GSI3 a tenant's jobs by id, for listings.
+
+Every state change is one ``UpdateItem`` whose ``ConditionExpression`` names the expected states,
+fence, lease owner and version, returning the new item; a batch runs them concurrently (one run's
+transitions in order). A job's creation, its first runs and its idempotency key are one
+``TransactWriteItems``. GSI queries are eventually consistent (DynamoDB offers nothing else); every
+other read is strongly consistent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import uuid
+import zlib
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Literal, TypeVar
+from urllib.parse import quote
+
+from jobq.dynamodb import (
+    SHARDS,
+    TRANSACT_ITEMS,
+    TTL_ATTRIBUTE,
+    ConditionFailed,
+    DynamoConfig,
+    DynamoTable,
+    Expr,
+    Item,
+    TransactionCancelled,
+    backoff,
+    render_definition,
+    table_definition,
+)
+from jobq.errors import Conflict, DuplicateJob, IdempotencyConflict, JobNotFound, StoreError, StoreUnavailable
+from jobq.models import (
+    LEASED_STATES,
+    PRIORITIES_BY_RANK,
+    ApiToken,
+    IdempotencyRecord,
+    Job,
+    JobStatus,
+    Run,
+    RunState,
+    Transition,
+)
+from jobq.ports import CreateResult, JobQuery, Page, RunQuery
+from jobq.store.memory import parse_run_cursor, run_cursor
+
+R = TypeVar("R", IdempotencyRecord, ApiToken)
+
+_STR_FIELDS = ("run_id", "job_id", "tenant_id", "state", "lease_owner", "last_error", "prev_run_id", "blocked_by")
+_INT_FIELDS = (
+    *("nominal_ms", "due_ms", "attempt", "fence", "version", "lease_expires_ms", "last_heartbeat_ms"),
+    *("deadline_ms", "created_ms", "updated_ms", "dispatched_ms", "started_ms", "finished_ms"),
+)
+#: Every `Run` field, by how it is stored (`priority` as its rank, `result` as JSON text).
+RUN_FIELDS = frozenset({*_STR_FIELDS, *_INT_FIELDS, "priority", "dead_letter", "result"})
+_UNLEASED_END_STATES = frozenset({RunState.SUCCEEDED, RunState.FAILED, RunState.CANCELLED})
+_FINISHABLE = (JobStatus.ACTIVE.value, JobStatus.COMPLETED.value)
+_CREATE_ATTEMPTS = 8  # contention (TransactionConflict) backs off between attempts
+
+
+def shard_of(key: str) -> int:
+    """A stable shard in 0..15 (crc32, never Python's per-process `hash`)."""
+    return zlib.crc32(key.encode()) % SHARDS
+
+
+def _s(value: str) -> dict[str, str]:
+    return {"S": value}
+
+
+def _n(value: int) -> dict[str, str]:
+    return {"N": str(value)}
+
+
+def _tenant(tenant_id: str) -> str:
+    return quote(tenant_id, safe="")  # a '#' in a tenant id cannot run into the next key segment
+
+
+def job_key(job_id: str) -> Item:
+    return {"PK": _s(f"JOB#{job_id}"), "SK": _s("META")}
+
+
+def run_key(run_id: str) -> Item | None:
+    """The run's key, derived from its id (`job_id:nominal_ms`); None when the id has another form."""
+    job_id, sep, nominal = run_id.rpartition(":")
+    if not sep or not job_id or not nominal.isdigit() or str(int(nominal)) != nominal:
+        return None
+    return {"PK": _s(f"JOB#{job_id}"), "SK": _s(f"RUN#{int(nominal):020d}")}
+
+
+def gsi1(run: Run) -> tuple[str, int] | None:
+    """GSI1's (partition, sort) key for the run as it is, or None when it is not indexed. The one
+    statement of GSI1 membership: writes set it, transitions keep it, and `_check_gsi1` repairs a
+    transition whose expression could not know it."""
+    shard = shard_of(run.run_id)
+    if run.state in LEASED_STATES:
+        return None if run.lease_expires_ms is None else (f"{run.state.value}#{shard}", run.lease_expires_ms)
+    if run.state is RunState.SCHEDULED:
+        return f"SCHEDULED#{run.priority.value}#{shard}", run.due_ms
+    return (f"DEAD#{shard}", run.nominal_ms) if run.dead_letter else None
+
+
+def run_item(run: Run) -> Item:
+    key = run_key(run.run_id)
+    if key is None or run.run_id != Run.make_id(run.job_id, run.nominal_ms):
+        raise StoreError(f"run id {run.run_id!r} is not job_id:nominal_ms")
+    item: Item = dict(key)
+    for name in _STR_FIELDS:
+        value = getattr(run, name)
+        if value is not None:
+            item[name] = _s(str(value))
+    for name in _INT_FIELDS:
+        value = getattr(run, name)
+        if value is not None:
+            item[name] = _n(value)
+    item["priority"] = _n(run.priority.rank)
+    item["dead_letter"] = {"BOOL": run.dead_letter}
+    if run.result is not None:
+        item["result"] = _s(json.dumps(run.result))
+    # The GSI1 partition this run takes whenever it is SCHEDULED, kept on the item so that a
+    # transition can copy it without knowing the run's priority.
+    item["GSI1PK_SCHEDULED"] = _s(f"SCHEDULED#{run.priority.value}#{shard_of(run.run_id)}")
+    index = gsi1(run)
+    if index is not None:
+        item["GSI1PK"], item["GSI1SK"] = _s(index[0]), _n(index[1])
+    return item
+
+
+def run_from_item(item: Item) -> Run:
+    data: dict[str, Any] = {n: item[n]["S"] for n in _STR_FIELDS if n in item}
+    data.update((n, int(item[n]["N"])) for n in _INT_FIELDS if n in item)
+    data["priority"] = PRIORITIES_BY_RANK[int(item["priority"]["N"])]
+    data["dead_letter"] = bool(item.get("dead_letter", {}).get("BOOL", False))
+    if "result" in item:
+        data["result"] = json.loads(item["result"]["S"])
+    return Run.model_validate(data)
+
+
+def _field_value(name: str, value: Any) -> dict[str, Any] | None:
+    """A run field's stored form; None means the attribute is removed."""
+    if value is None:
+        return None
+    if name == "result":
+        return _s(json.dumps(value))
+    if name == "dead_letter":
+        return {"BOOL": bool(value)}
+    return _n(int(value)) if name in _INT_FIELDS else _s(str(value))
+
+
+def job_item(job: Job) -> Item:
+    shard = shard_of(job.job_id)
+    item: Item = {
+        **job_key(job.job_id),
+        "doc": _s(job.model_dump_json()),
+        "tenant_id": _s(job.tenant_id),
+        "status": _s(job.status.value),
+        "priority": _n(job.priority.rank),
+        "name": _s(job.name),
+        "version": _n(job.version),
+        "updated_ms": _n(job.updated_ms),
+        "GSI3PK": _s(f"JOBS#{_tenant(job.tenant_id)}#{shard}"),
+        "GSI3SK": _s(job.job_id),
+    }
+    # GSI2 is sparse on both keys: GSI2PK while ACTIVE, GSI2SK while there is a next fire. A status
+    # change then moves GSI2PK alone, without having to know the next fire time.
+    if job.next_fire_ms is not None:
+        item["next_fire_ms"] = item["GSI2SK"] = _n(job.next_fire_ms)
+    if job.status is JobStatus.ACTIVE:
+        item["GSI2PK"] = _s(f"DUE#{shard}")
+    return item
+
+
+def job_from_item(item: Item) -> Job:
+    job = Job.model_validate_json(item["doc"]["S"])
+    return job.model_copy(
+        update={
+            "status": JobStatus(item["status"]["S"]),
+            "version": int(item["version"]["N"]),
+            "updated_ms": int(item["updated_ms"]["N"]),
+        }
+    )
+
+
+def _flat_item(record: IdempotencyRecord | ApiToken, pk: str, sk: str) -> Item:
+    """A record of strings and integers as an item, one attribute per field (None: absent)."""
+    item: Item = {"PK": _s(pk), "SK": _s(sk)}
+    for name, value in record.model_dump().items():
+        if value is not None:
+            item[name] = _n(value) if isinstance(value, int) else _s(value)
+    return item
+
+
+def _flat_record(model: type[R], item: Item) -> R:
+    fields = {n: int(item[n]["N"]) if "N" in item[n] else item[n]["S"] for n in model.model_fields if n in item}
+    return model.model_validate(fields)
+
+
+def _idempotency_pk(tenant_id: str, key: str) -> str:
+    return f"IDEM#{_tenant(tenant_id)}#{key}"
+
+
+def _idempotency_item(record: IdempotencyRecord) -> Item:
+    item = _flat_item(record, _idempotency_pk(record.tenant_id, record.key), "IDEM")
+    item[TTL_ATTRIBUTE] = _n(record.expires_ms // 1000 + 1)  # DynamoDB deletes it some time after expiry
+    return item
+
+
+def _token_hash_key(token_hash: str) -> Item:
+    return {"PK": _s(f"TOKENHASH#{token_hash}"), "SK": _s("TOKENHASH")}
+
+
+_TOKENS_PK = "TOKENS"  # one partition: tokens are few and rarely written, and listing is one Query
+_WORKERS_PK = "WORKERS"  # likewise: known_tasks is one Query, never a Scan
+
+
+def _in_order(runs: Iterable[Run]) -> list[Run]:
+    return sorted(runs, key=lambda r: (r.priority.rank, r.due_ms, r.run_id))
+
+
+class DynamoStore:
+    """`JobStore` and `TenantStore` on one DynamoDB table (module docstring, docs/dynamodb.md)."""
+
+    def __init__(self, table: DynamoTable) -> None:
+        self.table = table
+
+    @classmethod
+    def from_url(cls, url: str) -> DynamoStore:
+        """``dynamodb://TABLE?region=...&endpoint=...`` (parameters in `jobq.dynamodb`). Makes no
+        call: a missing table shows up on first use as a `StoreError` naming `jobq init`."""
+        return cls(DynamoTable(DynamoConfig.from_url(url)))
+
+    # -- the table -----------------------------------------------------------------------------
+
+    def create_table(self) -> bool:
+        """Create the table and its indexes and wait until ACTIVE (what `jobq init` runs).
+        Idempotent: returns False when it existed (its indexes are checked)."""
+        return self.table.create()
+
+    def delete_table(self) -> None:
+        self.table.delete()
+
+    def table_definition(self) -> dict[str, Any]:
+        """The CreateTable request `create_table` sends."""
+        return table_definition(self.table.name)
+
+    def render_definition(self, fmt: Literal["cloudformation", "terraform"]) -> str:
+        """The table as a CloudFormation template (JSON) or a Terraform resource (`jobq init --print`)."""
+        return render_definition(self.table.name, fmt)
+
+    # -- jobs ----------------------------------------------------------------------------------
+
+    def create_job(self, job: Job, runs: Sequence[Run], idempotency: IdempotencyRecord | None = None) -> CreateResult:
+        """One TransactWriteItems: the job (if absent), its first 98 runs (each if absent) and the
+        idempotency key (if absent or expired). Runs beyond what a transaction holds are added
+        right after it; a crash in between leaves them to be created again by nobody, so callers
+        keep first batches small (one-offs have one run)."""
+        first = list({r.run_id: r for r in reversed(runs)}.values())[::-1]
+        head, tail = first[: TRANSACT_ITEMS - 2], first[TRANSACT_ITEMS - 2 :]
+        existing: set[str] = set()
+        orphan: str | None = None  # a key whose job no longer exists may be taken over
+        for attempt in range(_CREATE_ATTEMPTS):
+            batch = [r for r in head if r.run_id not in existing]
+            items = [self._put_if_absent(job_item(job))] + [self._put_if_absent(run_item(r)) for r in batch]
+            if idempotency is not None:
+                items.append(self._put_idempotency(idempotency, orphan))
+            try:
+                # A token per attempt: botocore's retries of one attempt are then idempotent.
+                self.table.call("transact_write_items", TransactItems=items, ClientRequestToken=uuid.uuid4().hex)
+            except TransactionCancelled as exc:
+                if len(exc.codes) != len(items):
+                    raise exc.unexpected(f"creating job {job.job_id!r}") from None
+                if exc.contended:  # a concurrent creation with the same key: its outcome decides ours
+                    backoff(attempt)
+                    continue
+                failed = [c == "ConditionalCheckFailed" for c in exc.codes]
+                if idempotency is not None and failed[-1]:
+                    stored = exc.items[-1] or self._get(_idempotency_pk(idempotency.tenant_id, idempotency.key), "IDEM")
+                    if stored is not None:
+                        record = _flat_record(IdempotencyRecord, stored)
+                        if record.fingerprint != idempotency.fingerprint:
+                            raise IdempotencyConflict(idempotency.key) from None
+                        original = self._get(f"JOB#{record.job_id}", "META")
+                        if original is not None:
+                            return CreateResult(job_from_item(original), created=False, response=record.response)
+                        orphan = record.job_id
+                    continue
+                if failed[0]:
+                    raise DuplicateJob(job.job_id) from None
+                if not any(failed):
+                    raise exc.unexpected(f"creating job {job.job_id!r}") from None
+                existing.update(r.run_id for r, lost in zip(batch, failed[1:], strict=False) if lost)
+                continue
+            if tail:
+                self.add_runs(tail)
+            return CreateResult(job, created=True)
+        raise StoreUnavailable(f"creating job {job.job_id!r}: still contended after {_CREATE_ATTEMPTS} attempts")
+
+    def _put_if_absent(self, item: Item) -> dict[str, Any]:
+        return {"Put": {"TableName": self.table.name, "Item": item, "ConditionExpression": "attribute_not_exists(PK)"}}
+
+    def _put_idempotency(self, record: IdempotencyRecord, orphan: str | None) -> dict[str, Any]:
+        e = Expr()
+        taken = f"attribute_not_exists(PK) OR {e.n('expires_ms')} <= {e.v(_n(record.created_ms))}"
+        if orphan is not None:
+            taken += f" OR {e.n('job_id')} = {e.v(_s(orphan))}"
+        e.conditions.append(f"({taken})")
+        put = e.finish(TableName=self.table.name, Item=_idempotency_item(record))
+        put["ReturnValuesOnConditionCheckFailure"] = "ALL_OLD"
+        return {"Put": put}
+
+    def get_jobs(self, job_ids: Sequence[str]) -> dict[str, Job]:
+        jobs = (job_from_item(i) for i in self.table.batch_get([job_key(j) for j in job_ids]))
+        return {j.job_id: j for j in jobs}
+
+    def list_jobs(self, query: JobQuery) -> Page[Job]:
+        """Ordered by job id through GSI3 (``JOBS#<tenant>#<shard>``, sorted by id): with a tenant,
+        16 shard queries from the cursor, merged; then one batch read of the page's documents.
+        Without a tenant there is no partition to query, so GSI3 is scanned (16 segments in
+        parallel) and the smallest ids kept: that costs a read of every job's index entry."""
+        e = Expr()
+        if query.status is not None:
+            e.when("status", "=", _s(query.status.value))
+        if query.priority is not None:
+            e.when("priority", "=", _n(query.priority.rank))
+        if query.name_prefix:
+            e.conditions.append(f"begins_with({e.n('name')}, {e.v(_s(query.name_prefix))})")
+        want = query.limit + 1
+        cursor = _s(query.cursor) if query.cursor else None
+        if query.tenant_id is not None:
+            partitions = [f"JOBS#{_tenant(query.tenant_id)}#{n}" for n in range(SHARDS)]
+            entries = self._gsi_shards("GSI3", partitions, want, ">", cursor, e)
+        else:
+            if cursor is not None:
+                e.when("GSI3SK", ">", cursor)
+            filters = e.take_filter()
+            scan = e.finish(IndexName="GSI3", ProjectionExpression=e.n("GSI3SK"), TotalSegments=SHARDS, **filters)
+            segments = self.table.parallel(lambda s: self.table.query_all(None, Segment=s, **scan), list(range(SHARDS)))
+            entries = [i for rows in segments for i in rows]
+        ids = sorted(i["GSI3SK"]["S"] for i in entries)[:want]
+        page = ids[: query.limit]
+        jobs = self.get_jobs(page)
+        return Page([jobs[i] for i in page if i in jobs], page[-1] if len(ids) > query.limit and page else None)
+
+    def update_job(self, job: Job) -> Job:
+        """A PutItem conditional on the stored version; the failed condition's item tells a
+        missing job (`JobNotFound`) from a moved one (`Conflict`) without a second read."""
+        stored = job.model_copy(update={"version": job.version + 1})
+        e = Expr()
+        e.when("version", "=", _n(job.version))
+        request = e.finish(TableName=self.table.name, Item=job_item(stored))
+        try:
+            self.table.call("put_item", ReturnValuesOnConditionCheckFailure="ALL_OLD", **request)
+        except ConditionFailed as exc:
+            if exc.item is None:
+                raise JobNotFound(job.job_id) from None
+            found = exc.item["version"]["N"]
+            raise Conflict(f"job {job.job_id!r} changed (version {found}, expected {job.version})") from None
+        return stored
+
+    def due_jobs(self, before_ms: int, limit: int) -> list[Job]:
+        """16 GSI2 queries (``DUE#<shard>``, ``GSI2SK <= before_ms``) in parallel, merged."""
+        if limit <= 0:
+            return []
+        items = self._gsi_shards("GSI2", [f"DUE#{n}" for n in range(SHARDS)], limit, "<=", _n(before_ms))
+        jobs = sorted((job_from_item(i) for i in items), key=lambda j: (j.next_fire_ms or 0, j.job_id))
+        return jobs[:limit]
+
+    # -- runs ----------------------------------------------------------------------------------
+
+    def add_runs(self, runs: Sequence[Run]) -> list[Run]:
+        """A conditional PutItem per run (``attribute_not_exists``), concurrently. Not a batch
+        write: BatchWriteItem cannot be conditional, and a transaction costs twice the writes."""
+        first = list({r.run_id: r for r in reversed(runs)}.values())[::-1]
+
+        def put(run: Run) -> Run | None:
+            try:
+                self.table.call("put_item", **self._put_if_absent(run_item(run))["Put"])
+            except ConditionFailed:
+                return None
+            return run
+
+        return [r for r in self.table.parallel(put, first) if r is not None]
+
+    def get_runs(self, run_ids: Sequence[str]) -> dict[str, Run]:
+        keys = [k for k in map(run_key, run_ids) if k is not None]
+        runs = (run_from_item(i) for i in self.table.batch_get(keys))
+        wanted = set(run_ids)
+        return {r.run_id: r for r in runs if r.run_id in wanted}
+
+    def list_runs(self, query: RunQuery) -> Page[Run]:
+        """Newest nominal time first. With a job id: one Query of the job's partition (runs sort by
+        nominal time there). Dead letters: 16 GSI1 queries (``DEAD#<shard>``, by nominal time,
+        descending) merged. Anything else has no index: a parallel Scan of the table, keeping the
+        newest matches, which reads every item."""
+        e = Expr()
+        if query.tenant_id is not None and query.job_id is None:
+            e.when("tenant_id", "=", _s(query.tenant_id))
+        if query.states:
+            e.when_in("state", [s.value for s in query.states])
+        if query.dead_letter is not None:
+            e.when("dead_letter", "=", {"BOOL": query.dead_letter})
+        after = parse_run_cursor(query.cursor) if query.cursor else None
+        want = query.limit + 1
+
+        def before_cursor(item: Item) -> bool:
+            return after is None or (int(item["nominal_ms"]["N"]), item["run_id"]["S"]) < after
+
+        if query.job_id is not None:
+            if query.tenant_id is not None:
+                e.when("tenant_id", "=", _s(query.tenant_id))
+            filters = e.take_filter()
+            high = f"RUN#{after[0] - 1:020d}" if after is not None else "RUN#~"
+            key = f"{e.n('PK')} = {e.v(_s(f'JOB#{query.job_id}'))} AND {e.n('SK')} BETWEEN "
+            key += f"{e.v(_s('RUN#'))} AND {e.v(_s(high))}"
+            request = e.finish(KeyConditionExpression=key, ScanIndexForward=False, ConsistentRead=True, **filters)
+            items = [] if after is not None and after[0] <= 0 else self.table.query_all(want, **request)
+        elif query.dead_letter:
+            bound = None if after is None else _n(after[0])
+            partitions = [f"DEAD#{n}" for n in range(SHARDS)]
+            items = self._gsi_shards("GSI1", partitions, want, "<=", bound, e, before_cursor, newest=True)
+        else:
+            e.conditions.append(f"begins_with({e.n('PK')}, {e.v(_s('JOB#'))})")
+            e.conditions.append(f"begins_with({e.n('SK')}, {e.v(_s('RUN#'))})")
+            if after is not None:
+                e.when("nominal_ms", "<=", _n(after[0]))
+            scan = e.finish(TotalSegments=SHARDS, **e.take_filter())
+            segments = self.table.parallel(
+                lambda s: self.table.query_all(None, before_cursor, Segment=s, **scan), list(range(SHARDS))
+            )
+            items = [i for rows in segments for i in rows]
+        runs = sorted((run_from_item(i) for i in items), key=lambda r: (r.nominal_ms, r.run_id), reverse=True)
+        page = runs[: query.limit]
+        return Page(page, run_cursor(page[-1]) if len(runs) > query.limit and page else None)
+
+    def run_counts(self, job_id: str) -> dict[RunState, int]:
+        e = Expr()
+        key = f"{e.n('PK')} = {e.v(_s(f'JOB#{job_id}'))} AND begins_with({e.n('SK')}, {e.v(_s('RUN#'))})"
+        request = e.finish(KeyConditionExpression=key, ProjectionExpression=e.n("state"), ConsistentRead=True)
+        counts: dict[RunState, int] = {}
+        for item in self.table.query_all(None, **request):
+            state = RunState(item["state"]["S"])
+            counts[state] = counts.get(state, 0) + 1
+        return counts
+
+    def claim(self, run_ids: Sequence[str], now_ms: int, owner: str, lease_ms: int) -> list[Run]:
+        """A conditional UpdateItem per run (``state = SCHEDULED AND due_ms <= now``, fence+1),
+        concurrently; a failed condition means taken, cancelled, not due or missing."""
+        expires = now_ms + lease_ms
+
+        def claim_one(run_id: str) -> Run | None:
+            key = run_key(run_id)
+            if key is None:
+                return None
+            e = Expr()
+            e.set("state", _s(RunState.CLAIMED.value))
+            e.add("fence")
+            e.add("version")
+            e.set("lease_owner", _s(owner))
+            e.set("lease_expires_ms", _n(expires))
+            e.set("updated_ms", _n(now_ms))
+            e.set("GSI1PK", _s(f"{RunState.CLAIMED.value}#{shard_of(run_id)}"))
+            e.set("GSI1SK", _n(expires))
+            e.when("state", "=", _s(RunState.SCHEDULED.value))
+            e.when("due_ms", "<=", _n(now_ms))
+            try:
+                response = self.table.call(
+                    "update_item", **e.update(TableName=self.table.name, Key=key, ReturnValues="ALL_NEW")
+                )
+            except ConditionFailed:
+                return None
+            return run_from_item(response["Attributes"])
+
+        claimed = self.table.parallel(claim_one, list(dict.fromkeys(run_ids)))
+        return _in_order(r for r in claimed if r is not None)
+
+    def transition(self, transitions: Sequence[Transition]) -> list[Run | None]:
+        """One conditional UpdateItem per transition (``ReturnValues=ALL_NEW``), concurrently across
+        runs and in order within one run. A transition carrying a job status then moves the job with
+        a second, conditional UpdateItem (see docs/dynamodb.md for why not a transaction)."""
+        groups: dict[str, list[int]] = {}
+        for i, t in enumerate(transitions):
+            groups.setdefault(t.run_id, []).append(i)
+
+        def apply_group(indices: list[int]) -> list[tuple[int, Run | None]]:
+            return [(i, self._apply(transitions[i])) for i in indices]
+
+        out: list[Run | None] = [None] * len(transitions)
+        for done in self.table.parallel(apply_group, list(groups.values())):
+            for i, run in done:
+                out[i] = run
+        return out
+
+    def _apply(self, t: Transition) -> Run | None:
+        key = run_key(t.run_id)
+        if key is None:
+            return None
+        e = Expr()
+        e.set("state", _s(t.to_state.value))
+        e.add("version")
+        if t.bump_fence:
+            e.add("fence")
+        if t.at_ms is not None:
+            e.set("updated_ms", _n(t.at_ms))
+        for name, value in t.changes.items():  # names are whitelisted by Transition
+            e.set(name, _field_value(name, value))
+        self._plan_gsi1(e, t)
+        if len(t.expect) == 1:
+            e.when("state", "=", _s(next(iter(t.expect)).value))
+        else:
+            e.when_in("state", [s.value for s in t.expect])
+        if t.expect_fence is not None:
+            e.when("fence", "=", _n(t.expect_fence))
+        if t.expect_owner is not None:
+            e.when("lease_owner", "=", _s(t.expect_owner))
+        if t.expect_version is not None:
+            e.when("version", "=", _n(t.expect_version))
+        try:
+            response = self.table.call(
+                "update_item", **e.update(TableName=self.table.name, Key=key, ReturnValues="ALL_NEW")
+            )
+        except ConditionFailed:
+            return None
+        item = response["Attributes"]
+        run = run_from_item(item)
+        self._check_gsi1(key, item, run)
+        if t.job_status is not None:
+            self._move_job(run.job_id, t.job_status, t.at_ms)
+        return run
+
+    @staticmethod
+    def _plan_gsi1(e: Expr, t: Transition) -> None:
+        """GSI1's keys in the transition's own expression, from what it knows; `_check_gsi1` repairs
+        the rare transition that cannot know (a leased state entered without a lease change)."""
+        changes = t.changes
+        if t.to_state in LEASED_STATES:
+            pk = _s(f"{t.to_state.value}#{shard_of(t.run_id)}")
+            if "lease_expires_ms" not in changes:
+                e.set("GSI1PK", pk)  # GSI1SK keeps the lease of the leased state it came from
+            elif changes["lease_expires_ms"] is None:
+                e.set("GSI1PK", None)
+                e.set("GSI1SK", None)
+            else:
+                e.set("GSI1PK", pk)
+                e.set("GSI1SK", _n(int(changes["lease_expires_ms"])))
+        elif t.to_state is RunState.SCHEDULED:
+            e.copy("GSI1PK", "GSI1PK_SCHEDULED")
+            if changes.get("due_ms") is not None:
+                e.set("GSI1SK", _n(int(changes["due_ms"])))
+            else:
+                e.copy("GSI1SK", "due_ms")
+        elif changes.get("dead_letter") is True:
+            e.set("GSI1PK", _s(f"DEAD#{shard_of(t.run_id)}"))
+            e.copy("GSI1SK", "nominal_ms")
+        elif "dead_letter" in changes or not t.expect <= _UNLEASED_END_STATES:
+            e.set("GSI1PK", None)
+            e.set("GSI1SK", None)
+        # else: an end state to an end state with dead_letter unchanged keeps its index entry.
+
+    def _check_gsi1(self, key: Item, item: Item, run: Run) -> None:
+        want = gsi1(run)
+        have = (item.get("GSI1PK", {}).get("S"), item.get("GSI1SK", {}).get("N"))
+        if have == ((None, None) if want is None else (want[0], str(want[1]))):
+            return
+        e = Expr()
+        e.set("GSI1PK", None if want is None else _s(want[0]))
+        e.set("GSI1SK", None if want is None else _n(want[1]))
+        e.when("version", "=", item["version"])
+        with contextlib.suppress(ConditionFailed):  # a later write moved the run on, with its own keys
+            self.table.call("update_item", **e.update(TableName=self.table.name, Key=key))
+
+    def _move_job(self, job_id: str, status: JobStatus, at_ms: int | None) -> None:
+        e = Expr()
+        e.set("status", _s(status.value))
+        e.add("version")
+        if at_ms is not None:
+            e.set("updated_ms", _n(at_ms))
+        e.set("GSI2PK", _s(f"DUE#{shard_of(job_id)}") if status is JobStatus.ACTIVE else None)
+        e.when_in("status", _FINISHABLE)
+        with contextlib.suppress(ConditionFailed):  # a paused, cancelled or missing job is left as it is
+            self.table.call("update_item", **e.update(TableName=self.table.name, Key=job_key(job_id)))
+
+    def expired_leases(self, now_ms: int, limit: int) -> list[Run]:
+        """16 GSI1 queries per leased state (``<state>#<shard>``, ``GSI1SK < now_ms``), all 48 in
+        parallel, merged by lease expiry."""
+        if limit <= 0:
+            return []
+        partitions = [f"{s.value}#{n}" for s in sorted(LEASED_STATES) for n in range(SHARDS)]
+        runs = [run_from_item(i) for i in self._gsi_shards("GSI1", partitions, limit, "<", _n(now_ms))]
+        return sorted(runs, key=lambda r: (r.lease_expires_ms or 0, r.run_id))[:limit]
+
+    def overdue_runs(self, before_ms: int, limit: int) -> list[Run]:
+        """Tier by tier, CRITICAL first: 16 GSI1 queries (``SCHEDULED#<tier>#<shard>``,
+        ``GSI1SK <= before_ms``) in parallel, stopping once `limit` runs are found."""
+        found: list[Run] = []
+        for priority in PRIORITIES_BY_RANK:
+            if len(found) >= limit:
+                break
+            left = limit - len(found)
+            partitions = [f"SCHEDULED#{priority.value}#{n}" for n in range(SHARDS)]
+            runs = [run_from_item(i) for i in self._gsi_shards("GSI1", partitions, left, "<=", _n(before_ms))]
+            found.extend(sorted(runs, key=lambda r: (r.due_ms, r.run_id))[:left])
+        return found
+
+    def _gsi_shards(
+        self,
+        index: str,
+        partitions: Sequence[str],
+        limit: int,
+        op: str,
+        bound: dict[str, str] | None,
+        e: Expr | None = None,
+        keep: Callable[[Item], bool] | None = None,
+        *,
+        newest: bool = False,
+    ) -> list[Item]:
+        """Up to `limit` items from each partition of `index` whose sort key is `op bound` (any
+        when `bound` is None) and that pass `e`'s conditions (as a filter) and `keep`, queried in
+        parallel; the caller merges. Descending sort-key order when `newest`."""
+        e = e or Expr()
+        filters = e.take_filter()
+        key = f"{e.n(index + 'PK')} = :pk"
+        if bound is not None:
+            key += f" AND {e.n(index + 'SK')} {op} {e.v(bound)}"
+        base = e.finish(IndexName=index, KeyConditionExpression=key, ScanIndexForward=not newest, **filters)
+        values = base.pop("ExpressionAttributeValues", {})
+
+        def one(partition: str) -> list[Item]:
+            return self.table.query_all(limit, keep, ExpressionAttributeValues={**values, ":pk": _s(partition)}, **base)
+
+        return [item for rows in self.table.parallel(one, partitions) for item in rows]
+
+    # -- idempotency and workers ---------------------------------------------------------------
+
+    def idempotency(self, tenant_id: str, key: str, now_ms: int) -> IdempotencyRecord | None:
+        item = self._get(_idempotency_pk(tenant_id, key), "IDEM")
+        record = None if item is None else _flat_record(IdempotencyRecord, item)
+        return record if record is not None and record.expires_ms > now_ms else None
+
+    def register_worker(self, worker_id: str, tasks: Sequence[str], queues: Sequence[str], now_ms: int) -> None:
+        item = {
+            "PK": _s(_WORKERS_PK),
+            "SK": _s(worker_id),
+            "tasks": {"L": [_s(t) for t in sorted(tasks)]},
+            "queues": {"L": [_s(q) for q in queues]},
+            "seen_ms": _n(now_ms),
+        }
+        self.table.call("put_item", TableName=self.table.name, Item=item)
+
+    def known_tasks(self) -> set[str]:
+        e = Expr()
+        request = e.finish(
+            KeyConditionExpression=f"{e.n('PK')} = {e.v(_s(_WORKERS_PK))}",
+            ProjectionExpression=e.n("tasks"),
+            ConsistentRead=True,
+        )
+        return {t["S"] for item in self.table.query_all(None, **request) for t in item["tasks"]["L"]}
+
+    # -- tokens and tenants --------------------------------------------------------------------
+
+    def put_token(self, token: ApiToken) -> None:
+        """The token and its hash's lookup item in one transaction, each only if absent."""
+        items = [
+            self._put_if_absent(_flat_item(token, _TOKENS_PK, token.token_id)),
+            self._put_if_absent(_flat_item(token, f"TOKENHASH#{token.token_hash}", "TOKENHASH")),
+        ]
+        try:
+            self.table.call("transact_write_items", TransactItems=items, ClientRequestToken=uuid.uuid4().hex)
+        except TransactionCancelled as exc:
+            if exc.condition_failed:
+                raise Conflict(f"token {token.token_id!r} exists") from None
+            raise exc.unexpected(f"storing token {token.token_id!r}") from None
+
+    def find_token(self, token_hash: str) -> ApiToken | None:
+        key = _token_hash_key(token_hash)
+        item = self._get(key["PK"]["S"], key["SK"]["S"])
+        return None if item is None else _flat_record(ApiToken, item)
+
+    def list_tokens(self, tenant_id: str | None = None) -> list[ApiToken]:
+        e = Expr()
+        request = e.finish(KeyConditionExpression=f"{e.n('PK')} = {e.v(_s(_TOKENS_PK))}", ConsistentRead=True)
+        tokens = [_flat_record(ApiToken, i) for i in self.table.query_all(None, **request)]
+        mine = [t for t in tokens if tenant_id is None or t.tenant_id == tenant_id]
+        return sorted(mine, key=lambda t: (t.created_ms, t.token_id))
+
+    def revoke_token(self, token_id: str, now_ms: int) -> bool:
+        """Both copies of the token in one transaction, conditional on it being active."""
+        item = self._get(_TOKENS_PK, token_id)
+        if item is None or "revoked_ms" in item:
+            return False
+        token = _flat_record(ApiToken, item)
+        updates = []
+        for key in ({"PK": _s(_TOKENS_PK), "SK": _s(token_id)}, _token_hash_key(token.token_hash)):
+            e = Expr()
+            e.set("revoked_ms", _n(now_ms))
+            e.conditions.append(f"attribute_exists(PK) AND attribute_not_exists({e.n('revoked_ms')})")
+            updates.append({"Update": e.update(TableName=self.table.name, Key=key)})
+        try:
+            self.table.call("transact_write_items", TransactItems=updates, ClientRequestToken=uuid.uuid4().hex)
+        except TransactionCancelled as exc:
+            if exc.condition_failed:
+                return False  # revoked by someone else in between
+            raise exc.unexpected(f"revoking token {token_id!r}") from None
+        return True
+
+    def tenant_secret(self, tenant_id: str, candidate: str) -> str:
+        """One UpdateItem: ``SET webhook_secret = if_not_exists(webhook_secret, candidate)``."""
+        e = Expr()
+        secret = e.n("webhook_secret")
+        e.sets.append(f"{secret} = if_not_exists({secret}, {e.v(_s(candidate))})")
+        e.set("tenant_id", _s(tenant_id))
+        key = {"PK": _s(f"TENANT#{_tenant(tenant_id)}"), "SK": _s("SECRET")}
+        response = self.table.call(
+            "update_item", **e.update(TableName=self.table.name, Key=key, ReturnValues="ALL_NEW")
+        )
+        return str(response["Attributes"]["webhook_secret"]["S"])
+
+    def _get(self, pk: str, sk: str) -> Item | None:
+        """A strongly consistent GetItem; None when absent."""
+        response = self.table.call(
+            "get_item", TableName=self.table.name, Key={"PK": _s(pk), "SK": _s(sk)}, ConsistentRead=True
+        )
+        item: Item | None = response.get("Item")
+        return item
+
+    def close(self) -> None:
+        self.table.close()
