@@ -39,3 +39,17 @@ def test_the_self_hosted_deployment_example_runs_every_kind_of_job() -> None:
     assert "flaky (fails twice)      SUCCEEDED at attempt 3" in result.stdout
     assert "broken (dead-lettered)   FAILED" in result.stdout
     assert "all jobs ran as expected" in result.stdout
+
+
+def test_the_aws_deployment_example_runs_on_moto_and_redis() -> None:
+    from stacks import _redis_prefix_cleanup
+
+    name = f"ex-{uuid.uuid4().hex[:8]}"
+    try:
+        result = _run_example("examples.aws", {"JOBQ_EXAMPLE_NAME": name})
+    finally:
+        _redis_prefix_cleanup(name)()
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"DynamoDB table {name!r}: created" in result.stdout
+    assert "flaky (fails twice)      SUCCEEDED at attempt 3" in result.stdout
+    assert "all jobs ran as expected" in result.stdout
