@@ -1,13 +1,12 @@
-"""DynamoDB plumbing for the DynamoDB store: the URL, the client, error translation and the table.
+"""DynamoDB plumbing for the DynamoDB store: the URL, the table client and error translation.
 
 URL: ``dynamodb://TABLE?region=us-east-1&endpoint=http://127.0.0.1:8000``
 
 =========================  =========================================================================
 ``TABLE``                  the table name, case kept (DynamoDB names are case-sensitive)
-``region``                 else the AWS chain (``AWS_REGION``, ``AWS_DEFAULT_REGION``, ~/.aws/config)
-``endpoint``               a local DynamoDB (moto, DynamoDB Local, LocalStack); absent for AWS itself
-``aws_access_key_id``,     only together with ``endpoint``: credentials for the local server. Against
-``aws_secret_access_key``  AWS the boto3 chain supplies them (environment, profile, instance role)
+``region``, ``endpoint``,  as in every AWS URL (`jobq.aws`): the region, else the AWS chain; a local
+``aws_access_key_id``,     DynamoDB (moto, DynamoDB Local, LocalStack), absent for AWS itself; and
+``aws_secret_access_key``  credentials for that local endpoint only (against AWS, boto3's chain)
 ``threads``                parallel calls per store (default 32): conditional writes of a batch,
                            shard queries, batch reads. botocore's connection pool is sized to match
 ``connect_timeout_s``,     botocore's socket timeouts (defaults 2 and 10)
@@ -16,10 +15,11 @@ URL: ``dynamodb://TABLE?region=us-east-1&endpoint=http://127.0.0.1:8000``
                            retries throttling, 5xx and connection errors with jittered backoff
 =========================  =========================================================================
 
-Errors: every botocore exception is translated here. Throttling, 5xx and connection failures
-become `StoreUnavailable` (retryable); a missing table becomes a `StoreError` naming ``jobq init``;
-a failed condition becomes `ConditionFailed` and a cancelled transaction `TransactionCancelled`,
-which the store turns into its documented outcomes (None, `Conflict`, `DuplicateJob`, ...).
+Errors: every botocore exception is translated here, through `jobq.aws.translate_aws_error`.
+Throttling, 5xx, a contended transaction and connection failures become `StoreUnavailable`
+(retryable); a missing table becomes a `StoreError` naming ``jobq init``; a failed condition
+becomes `ConditionFailed` and a cancelled transaction `TransactionCancelled`, which the store turns
+into its documented outcomes (None, `Conflict`, `DuplicateJob`, ...).
 """
 
 from __future__ import annotations
@@ -30,10 +30,11 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import urlsplit
 
+from jobq.aws import AwsOptions, UrlOptions, aws_error_code, require_aws, translate_aws_error
 from jobq.errors import ConfigError, Conflict, JobqError, StoreError, StoreUnavailable
 
 T = TypeVar("T")
@@ -46,44 +47,12 @@ SHARDS = 16  # fixed: it is part of the keys, so changing it needs a migration o
 BATCH_GET_KEYS = 100  # BatchGetItem's limit per call
 TRANSACT_ITEMS = 100  # TransactWriteItems' limit per call
 
-# Codes that mean "try again later": throttling, capacity and transient server trouble. A
-# TransactionConflict is another transaction holding one of the items for a moment.
-_TRANSIENT = frozenset(
-    {
-        "ProvisionedThroughputExceededException",
-        "ThrottlingException",
-        "RequestLimitExceeded",
-        "InternalServerError",
-        "ServiceUnavailable",
-        "TransactionConflictException",
-        "TransactionInProgressException",
-        "LimitExceededException",
-    }
-)
+# Transient on top of `jobq.aws`'s throttling and 5xx codes: another transaction holding one of
+# the items for a moment.
+_CONTENTION = frozenset({"TransactionConflictException", "TransactionInProgressException"})
 # Cancellation reasons (per item of a transaction) carry their own codes, without "Exception".
 _CONTENDED = frozenset(
     {"TransactionConflict", "ProvisionedThroughputExceeded", "ThrottlingError", "RequestLimitExceeded"}
-)
-_CREDENTIALS = frozenset(
-    {
-        "UnrecognizedClientException",
-        "InvalidSignatureException",
-        "AccessDeniedException",
-        "ExpiredTokenException",
-        "MissingAuthenticationTokenException",
-    }
-)
-_URL_KEYS = frozenset(
-    {
-        "region",
-        "endpoint",
-        "aws_access_key_id",
-        "aws_secret_access_key",
-        "threads",
-        "connect_timeout_s",
-        "read_timeout_s",
-        "max_attempts",
-    }
 )
 _THREADS = 32
 _CONNECT_TIMEOUT_S = 2.0
@@ -137,10 +106,7 @@ class TransactionCancelled(Conflict):
 @dataclass(frozen=True, slots=True)
 class DynamoConfig:
     table: str
-    region: str | None = None
-    endpoint: str | None = None
-    access_key_id: str | None = None
-    secret_access_key: str | None = None
+    aws: AwsOptions = field(default_factory=AwsOptions)
     threads: int = _THREADS
     connect_timeout_s: float = _CONNECT_TIMEOUT_S
     read_timeout_s: float = _READ_TIMEOUT_S
@@ -155,45 +121,17 @@ class DynamoConfig:
         table = parts.netloc  # not .hostname, which lower-cases the name
         if not 3 <= len(table) <= 255 or not set(table) <= _TABLE_NAME_CHARS:
             raise ConfigError("store", table, "a DynamoDB table name is 3-255 characters of a-z A-Z 0-9 _ . -")
-        params = dict(parse_qsl(parts.query, keep_blank_values=True))
-        unknown = sorted(set(params) - _URL_KEYS)
-        if unknown:
-            raise ConfigError(f"store.{unknown[0]}", params[unknown[0]], f"unknown; use {', '.join(sorted(_URL_KEYS))}")
-        endpoint = params.get("endpoint") or None
-        keys = (params.get("aws_access_key_id") or None, params.get("aws_secret_access_key") or None)
-        if any(keys) and endpoint is None:
-            # Secrets in a URL end up in shell history and logs; AWS has better places for them.
-            raise ConfigError(
-                "store.aws_access_key_id",
-                "***",
-                "credentials in the URL are for a local endpoint only; "
-                "use the AWS credential chain (environment, profile or role)",
-            )
-        if any(keys) and not all(keys):
-            raise ConfigError("store.aws_secret_access_key", "***", "give both the key id and the secret")
-        return cls(
+        options = UrlOptions(url, "store")
+        config = cls(
             table=table,
-            region=params.get("region") or None,
-            endpoint=endpoint,
-            access_key_id=keys[0],
-            secret_access_key=keys[1],
-            threads=int(_number(params, "threads", _THREADS, 1, 256)),
-            connect_timeout_s=_number(params, "connect_timeout_s", _CONNECT_TIMEOUT_S, 0.01, 300),
-            read_timeout_s=_number(params, "read_timeout_s", _READ_TIMEOUT_S, 0.01, 300),
-            max_attempts=int(_number(params, "max_attempts", _MAX_ATTEMPTS, 1, 20)),
+            aws=AwsOptions.read(options),
+            threads=options.integer("threads", _THREADS, minimum=1, maximum=256),
+            connect_timeout_s=options.number("connect_timeout_s", _CONNECT_TIMEOUT_S, minimum=0.01, maximum=300),
+            read_timeout_s=options.number("read_timeout_s", _READ_TIMEOUT_S, minimum=0.01, maximum=300),
+            max_attempts=options.integer("max_attempts", _MAX_ATTEMPTS, minimum=1, maximum=20),
         )
-
-
-def _number(params: Mapping[str, str], key: str, default: float, low: float, high: float) -> float:
-    if key not in params:
-        return default
-    try:
-        value = float(params[key])
-    except ValueError:
-        raise ConfigError(f"store.{key}", params[key], "not a number") from None
-    if not low <= value <= high:
-        raise ConfigError(f"store.{key}", params[key], f"must be between {low:g} and {high:g}")
-    return value
+        options.done()
+        return config
 
 
 class DynamoTable:
@@ -201,35 +139,18 @@ class DynamoTable:
     batch reads and a parallel map. Thread-safe (boto3 clients are)."""
 
     def __init__(self, config: DynamoConfig) -> None:
-        from jobq.wiring import require  # the composition root owns the extra's name
-
-        boto3 = require("boto3", "aws", "the DynamoDB store")
-        import botocore.config
-        import botocore.exceptions
-
         self.config = config
         self.name = config.table
-        self._errors = botocore.exceptions
-        client_config = botocore.config.Config(
-            max_pool_connections=config.threads,
-            connect_timeout=config.connect_timeout_s,
-            read_timeout=config.read_timeout_s,
-            retries={"mode": "standard", "max_attempts": config.max_attempts},
+        self.client: Any = config.aws.client(
+            "dynamodb",
+            feature="the DynamoDB store",
+            scope="store",
+            connect_timeout_s=config.connect_timeout_s,
+            read_timeout_s=config.read_timeout_s,
+            max_attempts=config.max_attempts,
+            max_pool_connections=config.threads,  # one connection per thread of the pool
         )
-        kwargs: dict[str, Any] = {"config": client_config}
-        if config.region is not None:
-            kwargs["region_name"] = config.region
-        if config.endpoint is not None:
-            kwargs["endpoint_url"] = config.endpoint
-        if config.access_key_id is not None:
-            kwargs["aws_access_key_id"] = config.access_key_id
-            kwargs["aws_secret_access_key"] = config.secret_access_key
-        try:
-            self.client: Any = boto3.session.Session().client("dynamodb", **kwargs)
-        except botocore.exceptions.NoRegionError:
-            raise ConfigError("store.region", None, "no AWS region: add ?region=... or set AWS_REGION") from None
-        except (botocore.exceptions.BotoCoreError, ValueError) as exc:
-            raise ConfigError("store", config.table, f"cannot build a DynamoDB client: {exc}") from None
+        self._errors = require_aws("botocore.exceptions", "the DynamoDB store")
         self._pool = ThreadPoolExecutor(max_workers=config.threads, thread_name_prefix="jobq-dynamodb")
         self._closed = threading.Event()
 
@@ -244,35 +165,24 @@ class DynamoTable:
         return response
 
     def _translate(self, operation: str, exc: Exception) -> JobqError:
-        errors = self._errors
-        if isinstance(exc, errors.ClientError):
-            error = exc.response.get("Error", {})
-            code = str(error.get("Code", ""))
-            message = str(error.get("Message", ""))
-            status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
-            if code == "ConditionalCheckFailedException":
-                return ConditionFailed(exc.response.get("Item"))
-            if code == "TransactionCanceledException":
-                return TransactionCancelled(exc.response.get("CancellationReasons") or [])
-            if code == "ResourceNotFoundException":
-                return DynamoCallError(
-                    f"DynamoDB table {self.name!r} not found ({self._where()}): create it with `jobq init`", code
-                )
-            if code in _TRANSIENT or status >= 500:
-                return StoreUnavailable(f"DynamoDB {operation}: {code}: {message}")
-            if code in _CREDENTIALS:
-                return DynamoCallError(f"DynamoDB {operation}: {code}: check the AWS credentials ({message})", code)
-            return DynamoCallError(f"DynamoDB {operation}: {code}: {message}", code)
-        if isinstance(exc, errors.NoCredentialsError | errors.PartialCredentialsError):
-            return StoreError(f"DynamoDB {operation}: no AWS credentials found ({exc})")
-        if isinstance(exc, errors.ParamValidationError):
-            return StoreError(f"DynamoDB {operation}: invalid request: {exc}")
-        # Unreachable endpoint, timeouts, closed connections, and anything else on the wire.
-        return StoreUnavailable(f"DynamoDB {operation} ({self._where()}): {exc}")
+        code = aws_error_code(exc)
+        if code == "ConditionalCheckFailedException":
+            return ConditionFailed(getattr(exc, "response", {}).get("Item"))
+        if code == "TransactionCanceledException":
+            return TransactionCancelled(getattr(exc, "response", {}).get("CancellationReasons") or [])
+        if code == "ResourceNotFoundException":
+            return DynamoCallError(
+                f"DynamoDB table {self.name!r} not found ({self._where()}): create it with `jobq init`", code
+            )
+        error = translate_aws_error(exc, f"DynamoDB {operation}", where=self._where(), transient=_CONTENTION)
+        # The code travels with errors that trying again will not fix: `create` tells an existing
+        # table (ResourceInUseException) from the rest by it.
+        return DynamoCallError(str(error), code) if code is not None and not error.retryable else error
 
     def _where(self) -> str:
         region = self.client.meta.region_name
-        return f"endpoint {self.config.endpoint}, region {region}" if self.config.endpoint else f"region {region}"
+        endpoint = self.config.aws.endpoint
+        return f"endpoint {endpoint}, region {region}" if endpoint else f"region {region}"
 
     def parallel(self, fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
         """`[fn(i) for i in items]` on the pool, results in input order. Waits for every call, then

@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ from factories import T0
 from moto_server import MotoServer, moto  # noqa: F401
 from services import free_port
 
+from jobq.aws import aws_client
 from jobq.clock import ManualClock
 from jobq.errors import ConfigError, MissingExtra, StoreError, StoreUnavailable
 from jobq.history.firehose import MAX_BATCH_BYTES, MAX_RECORD_BYTES, FirehoseHistory, batches, pack
@@ -28,7 +30,6 @@ from jobq.history.s3 import (
     Line,
     S3EventScanner,
     S3History,
-    aws_client,
     job_created_ms,
 )
 from jobq.ids import new_job_id
@@ -456,6 +457,66 @@ def test_from_url_reads_every_option(moto: MotoServer) -> None:  # noqa: F811
 def test_from_url_refuses_a_bad_url_naming_it(url: str) -> None:
     with pytest.raises(ConfigError):
         S3History.from_url(url, region_name="us-east-1")
+
+
+@pytest.fixture
+def no_aws_credentials(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """An empty boto3 credential chain: a client that works took its credentials from the URL."""
+    for variable in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+
+
+def test_s3_urls_take_credentials_for_a_local_endpoint(
+    moto: MotoServer,  # noqa: F811
+    s3: Any,
+    no_aws_credentials: None,
+) -> None:
+    url = f"s3://{BUCKET}/history?region=us-east-1&endpoint={moto.endpoint_url}"
+    sink = S3History.from_url(f"{url}&aws_access_key_id=testing&aws_secret_access_key=testing", clock=ManualClock(T0))
+    try:
+        sink.record([_event(T0)])
+        assert sink.read("job_1") == [_event(T0)]
+    finally:
+        sink.close()
+
+
+def test_firehose_urls_take_credentials_for_a_local_endpoint(
+    moto: MotoServer,  # noqa: F811
+    firehose: Any,
+    no_aws_credentials: None,
+) -> None:
+    url = (
+        f"firehose://{STREAM}?region=us-east-1&endpoint={moto.endpoint_url}&s3=s3://{BUCKET}/firehose"
+        "&aws_access_key_id=testing&aws_secret_access_key=testing"
+    )
+    sink = FirehoseHistory.from_url(url)
+    now_ms = int(time.time() * 1000)
+    job = new_job_id(now_ms)
+    try:
+        sink.record([_event(now_ms, job=job)])
+        assert sink.read(job) == [_event(now_ms, job=job)]
+    finally:
+        sink.close()
+
+
+@pytest.mark.parametrize(
+    ("url", "key"),
+    [
+        ("s3://bucket/p?aws_access_key_id=a&aws_secret_access_key=b", "history.aws_access_key_id"),
+        ("s3://bucket/p?endpoint=http://127.0.0.1:9&aws_access_key_id=a", "history.aws_secret_access_key"),
+        ("firehose://s?aws_access_key_id=a&aws_secret_access_key=b", "history.aws_access_key_id"),
+        ("firehose://s?endpoint=http://127.0.0.1:9&aws_secret_access_key=b", "history.aws_secret_access_key"),
+    ],
+)
+def test_credentials_in_a_history_url_need_an_endpoint_and_each_other(url: str, key: str) -> None:
+    sink = S3History if url.startswith("s3") else FirehoseHistory
+    with pytest.raises(ConfigError) as raised:
+        sink.from_url(url, region_name="us-east-1")
+    assert raised.value.key == key
+    assert str(raised.value).startswith(f"{key}='***'")  # the secret is never echoed
 
 
 # --- Firehose -----------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """History through Amazon Data Firehose (Kinesis Data Firehose): `PutRecordBatch` of NDJSON.
 
-URL ``firehose://STREAM?region=…&endpoint=…&s3=s3://BUCKET/PREFIX`` (options: `FirehoseHistory.from_url`).
+URL ``firehose://STREAM?region=…&endpoint=…&s3=s3://BUCKET/PREFIX`` (options: `FirehoseHistory.from_url`);
+``region``, ``endpoint`` and the credential pair mean what they mean in every AWS URL (`jobq.aws`).
 
 Writing: `record` buffers (as `S3History` does; see `jobq.history.s3`) and a background thread
 sends every ``flush_s`` (1 s: Firehose buffers again on its side) or at ``flush_bytes``. Events
@@ -39,21 +40,10 @@ from collections.abc import Iterable
 from typing import Any
 from urllib.parse import urlsplit
 
+from jobq.aws import AwsOptions, UrlOptions, aws_error_code, require_aws
 from jobq.clock import SYSTEM_CLOCK, Clock
 from jobq.errors import ConfigError
-from jobq.history.s3 import (
-    DAY_MS,
-    LAYOUTS,
-    BufferingSink,
-    Line,
-    MiB,
-    S3EventScanner,
-    UrlOptions,
-    aws_client,
-    aws_error_code,
-    require_aws,
-    split_s3_url,
-)
+from jobq.history.s3 import DAY_MS, LAYOUTS, BufferingSink, Line, MiB, S3EventScanner, split_s3_url
 from jobq.metrics import METRICS
 from jobq.models import RunEvent
 
@@ -100,18 +90,20 @@ class FirehoseHistory(BufferingSink):
 
     @classmethod
     def from_url(cls, url: str, *, clock: Clock = SYSTEM_CLOCK, **client_kwargs: Any) -> FirehoseHistory:
-        """``firehose://STREAM`` with options ``region``, ``endpoint`` (both also used for S3),
-        ``flush_s`` (1), ``flush_bytes`` (4 MiB), ``max_buffer_bytes`` (64 MiB), ``record_bytes``
-        (64 KiB; 0 = one event per record), ``retries`` (3), and for `read`: ``s3``
-        (``s3://BUCKET/PREFIX`` of the stream's destination), ``s3_layout`` (firehose|hive),
-        ``slack_s`` (3600), ``lookback_days`` (7), ``scan_bytes`` (256 MiB), ``scan_objects``
-        (2000). `client_kwargs` go to both boto3 clients. Raises `ConfigError` naming a bad option."""
+        """``firehose://STREAM`` with options ``region``, ``endpoint``, ``aws_access_key_id`` and
+        ``aws_secret_access_key`` (with ``endpoint`` only; all four also used for S3), ``flush_s``
+        (1), ``flush_bytes`` (4 MiB), ``max_buffer_bytes`` (64 MiB), ``record_bytes`` (64 KiB; 0 =
+        one event per record), ``retries`` (3), and for `read`: ``s3`` (``s3://BUCKET/PREFIX`` of
+        the stream's destination), ``s3_layout`` (firehose|hive), ``slack_s`` (3600),
+        ``lookback_days`` (7), ``scan_bytes`` (256 MiB), ``scan_objects`` (2000). `client_kwargs`
+        go to both clients (`jobq.aws.aws_client`). Raises `ConfigError` naming a bad option,
+        `MissingExtra` without boto3."""
         parts = urlsplit(url)
         stream = parts.netloc
         if parts.scheme != "firehose" or not stream or parts.path.strip("/"):
             raise ConfigError("history", url, "expected firehose://STREAM_NAME")
-        options = UrlOptions(url)
-        region, endpoint = options.text("region"), options.text("endpoint")
+        options = UrlOptions(url, "history")
+        aws = AwsOptions.read(options)
         settings: dict[str, Any] = {
             "flush_s": options.number("flush_s", 1.0, minimum=0.01),
             "flush_bytes": options.integer("flush_bytes", MAX_BATCH_BYTES, minimum=1),
@@ -129,13 +121,13 @@ class FirehoseHistory(BufferingSink):
         }
         options.done()
         if layout_name not in LAYOUTS:
-            raise ConfigError("s3_layout", layout_name, f"use one of {', '.join(LAYOUTS)}")
+            raise ConfigError(options.key("s3_layout"), layout_name, f"use one of {', '.join(LAYOUTS)}")
         clients: list[Any] = []
         try:
             reader = None
             if destination:
                 bucket, prefix = split_s3_url(destination)
-                s3 = aws_client("s3", region=region, endpoint=endpoint, **client_kwargs)
+                s3 = aws.client("s3", feature="the Firehose history", scope="history", **client_kwargs)
                 clients.append(s3)
                 reader = S3EventScanner(
                     s3,
@@ -147,7 +139,7 @@ class FirehoseHistory(BufferingSink):
                     late_ms=slack_ms,
                     **scan,
                 )
-            firehose = aws_client("firehose", region=region, endpoint=endpoint, **client_kwargs)
+            firehose = aws.client("firehose", feature="the Firehose history", scope="history", **client_kwargs)
             clients.append(firehose)
             return cls(firehose, stream, reader=reader, owned_clients=clients, **settings)
         except BaseException:
@@ -254,7 +246,7 @@ def _is_invalid(exc: Exception) -> bool:
     again can only fail again."""
     if aws_error_code(exc) in _INVALID:
         return True
-    return isinstance(exc, require_aws("botocore.exceptions").ParamValidationError)
+    return isinstance(exc, require_aws("botocore.exceptions", "the Firehose history").ParamValidationError)
 
 
 def pack(lines: list[Line], record_bytes: int) -> list[list[Line]]:

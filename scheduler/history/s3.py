@@ -2,6 +2,7 @@
 
 URL ``s3://BUCKET/PREFIX?region=…&endpoint=…&flush_s=60&flush_bytes=5242880&compression=gzip``;
 every option is optional (``S3History.from_url`` lists them) and an unknown one is refused.
+``region``, ``endpoint`` and the credential pair mean what they mean in every AWS URL (`jobq.aws`).
 Objects, one per hour partition per flush::
 
     PREFIX/dt=YYYY-MM-DD/hour=HH/<unix_ms>-<host>-<pid>-<nonce>-<seq>.ndjson.gz
@@ -49,12 +50,12 @@ import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from types import ModuleType
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import urlsplit
 
+from jobq.aws import AwsOptions, UrlOptions, aws_error_code, translate_aws_error
 from jobq.clock import SYSTEM_CLOCK, Clock
-from jobq.errors import ConfigError, JobqError, StoreError, StoreUnavailable
+from jobq.errors import ConfigError, JobqError, StoreError
 from jobq.metrics import METRICS
 from jobq.models import RunEvent
 
@@ -67,120 +68,8 @@ DAY_MS = 24 * HOUR_MS
 # minutes: scans start this much before the job's creation.
 CLOCK_SKEW_MS = 5 * 60_000
 _GZIP_MAGIC = b"\x1f\x8b"
-_TRANSIENT_CODES = frozenset(
-    {
-        "SlowDown",
-        "Throttling",
-        "ThrottlingException",
-        "RequestTimeout",
-        "RequestLimitExceeded",
-        "ServiceUnavailable",
-        "ServiceUnavailableException",
-        "InternalError",
-        "InternalFailure",
-        "LimitExceededException",
-    }
-)
 # A conditional PUT lost to an object (or a concurrent write) under the same key.
 _KEY_TAKEN = frozenset({"PreconditionFailed", "ConditionalRequestConflict"})
-
-
-# --- the AWS edge: clients, botocore errors, URL options -------------------------------------
-
-
-def aws_client(service: str, *, region: str | None, endpoint: str | None, **kwargs: Any) -> Any:
-    """A boto3 client in a session of its own (creating clients from a shared session is not
-    thread-safe). Timeouts are bounded so a dead endpoint cannot hang a flush for long; botocore's
-    standard mode retries throttling and 5xx three times. Raises `MissingExtra` without boto3 and
-    `ConfigError` when the client cannot be built (no region, a malformed endpoint)."""
-    feature = f"the {'S3' if service == 's3' else 'Firehose'} history"
-    boto3 = require_aws("boto3", feature)
-    config = require_aws("botocore.config", feature).Config(
-        connect_timeout=5,
-        read_timeout=30,
-        retries={"mode": "standard", "max_attempts": 3},
-        user_agent_extra="jobq",
-        # Emulators and S3-compatible stores (moto, MinIO) answer on one host: no bucket subdomains.
-        s3={"addressing_style": "path"} if endpoint else None,
-    )
-    if "config" in kwargs:
-        config = config.merge(kwargs.pop("config"))
-    try:
-        return boto3.session.Session(region_name=region).client(service, endpoint_url=endpoint, config=config, **kwargs)
-    except Exception as exc:
-        raise ConfigError(f"history {service} client", endpoint or region, str(exc)) from None
-
-
-def require_aws(module: str, feature: str = "the S3 history") -> ModuleType:
-    """`module` (boto3, botocore), or `MissingExtra` naming the `aws` extra."""
-    from jobq.wiring import require  # late: wiring imports backends lazily, never the other way round
-
-    return require(module, "aws", feature)
-
-
-def aws_error_code(exc: BaseException) -> str | None:
-    """The service's error code of a botocore `ClientError` (`NoSuchBucket`, `SlowDown`, ...)."""
-    response = getattr(exc, "response", None)
-    if isinstance(response, dict):
-        code = response.get("Error", {}).get("Code")
-        return str(code) if code else None
-    return None
-
-
-def is_transient(exc: BaseException) -> bool:
-    """True when the same call may succeed later: no connection, a timeout, throttling, a 5xx."""
-    response = getattr(exc, "response", None)
-    if isinstance(response, dict):
-        status = int(response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
-        return aws_error_code(exc) in _TRANSIENT_CODES or status >= 500
-    errors = require_aws("botocore.exceptions")
-    return isinstance(exc, errors.ConnectionError | errors.HTTPClientError)
-
-
-def translate_aws_error(exc: Exception, doing: str) -> StoreError:
-    """A botocore (or urllib3) exception as jobq's: `StoreUnavailable` (retryable) when trying
-    again may help, else `StoreError` (missing bucket, access denied, no credentials)."""
-    kind = StoreUnavailable if is_transient(exc) else StoreError
-    return kind(f"{doing}: {type(exc).__name__}: {exc}")
-
-
-class UrlOptions:
-    """A sink URL's query, consumed option by option; `done` refuses what is left, so a typo
-    (`flush_sec=`) fails at startup instead of being ignored."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self._values = {k: v[-1] for k, v in parse_qs(urlsplit(url).query, keep_blank_values=True).items()}
-        self._known: list[str] = []
-
-    def text(self, name: str, default: str | None = None) -> str | None:
-        self._known.append(name)
-        return self._values.pop(name, default)
-
-    def number(self, name: str, default: float, *, minimum: float = 0.0) -> float:
-        raw = self.text(name)
-        if raw is None:
-            return default
-        try:
-            value = float(raw)
-        except ValueError:
-            raise ConfigError(name, raw, f"not a number (in {self.url})") from None
-        if not value >= minimum:
-            raise ConfigError(name, raw, f"must be at least {minimum:g} (in {self.url})")
-        return value
-
-    def integer(self, name: str, default: int, *, minimum: int = 0) -> int:
-        value = self.number(name, default, minimum=minimum)
-        if value != int(value):
-            raise ConfigError(name, value, f"must be a whole number (in {self.url})")
-        return int(value)
-
-    def done(self) -> None:
-        if self._values:
-            known = ", ".join(self._known)
-            raise ConfigError(
-                "history", self.url, f"unknown option(s) {', '.join(sorted(self._values))}; known: {known}"
-            )
 
 
 def split_s3_url(url: str) -> tuple[str, str]:
@@ -587,13 +476,14 @@ class S3History(BufferingSink):
     @classmethod
     def from_url(cls, url: str, *, clock: Clock = SYSTEM_CLOCK, **client_kwargs: Any) -> S3History:
         """``s3://BUCKET/PREFIX`` with options ``region``, ``endpoint`` (an S3-compatible store),
-        ``flush_s`` (60), ``flush_bytes`` (5 MiB), ``max_buffer_bytes`` (64 MiB), ``compression``
-        (gzip|none), ``lookback_days`` (7: how far `read` looks for a custom job id),
-        ``scan_bytes`` (256 MiB) and ``scan_objects`` (2000). Credentials come from boto3's chain;
-        `client_kwargs` go to `boto3.client`. Raises `ConfigError` naming a bad option."""
+        ``aws_access_key_id`` and ``aws_secret_access_key`` (with ``endpoint`` only; else boto3's
+        chain), ``flush_s`` (60), ``flush_bytes`` (5 MiB), ``max_buffer_bytes`` (64 MiB),
+        ``compression`` (gzip|none), ``lookback_days`` (7: how far `read` looks for a custom job
+        id), ``scan_bytes`` (256 MiB) and ``scan_objects`` (2000). `client_kwargs` go to
+        `jobq.aws.aws_client`. Raises `ConfigError` naming a bad option, `MissingExtra` without boto3."""
         bucket, prefix = split_s3_url(url.split("?", 1)[0])
-        options = UrlOptions(url)
-        region, endpoint = options.text("region"), options.text("endpoint")
+        options = UrlOptions(url, "history")
+        aws = AwsOptions.read(options)
         settings: dict[str, Any] = {
             "flush_s": options.number("flush_s", 60.0, minimum=0.01),
             "flush_bytes": options.integer("flush_bytes", 5 * MiB, minimum=1),
@@ -604,7 +494,7 @@ class S3History(BufferingSink):
             "scan_objects": options.integer("scan_objects", 2000, minimum=1),
         }
         options.done()
-        client = aws_client("s3", region=region, endpoint=endpoint, **client_kwargs)
+        client = aws.client("s3", feature="the S3 history", scope="history", **client_kwargs)
         try:
             return cls(client, bucket, prefix, clock=clock, owns_client=True, **settings)
         except BaseException:
