@@ -20,6 +20,7 @@ from services import free_port
 from jobq.aws import aws_client
 from jobq.clock import ManualClock
 from jobq.errors import ConfigError, MissingExtra, StoreError, StoreUnavailable
+from jobq.history.buffered import Line
 from jobq.history.firehose import MAX_BATCH_BYTES, MAX_RECORD_BYTES, FirehoseHistory, batches, pack
 from jobq.history.s3 import (
     CLOCK_SKEW_MS,
@@ -27,7 +28,6 @@ from jobq.history.s3 import (
     FIREHOSE,
     HIVE,
     HOUR_MS,
-    Line,
     S3EventScanner,
     S3History,
     job_created_ms,

@@ -3,7 +3,7 @@
 URL ``firehose://STREAM?region=…&endpoint=…&s3=s3://BUCKET/PREFIX`` (options: `FirehoseHistory.from_url`);
 ``region``, ``endpoint`` and the credential pair mean what they mean in every AWS URL (`jobq.aws`).
 
-Writing: `record` buffers (as `S3History` does; see `jobq.history.s3`) and a background thread
+Writing: `record` buffers (as `S3History` does; see `jobq.history.buffered`) and a background thread
 sends every ``flush_s`` (1 s: Firehose buffers again on its side) or at ``flush_bytes``. Events
 are NDJSON lines, packed whole into records of up to ``record_bytes`` (64 KiB), because Firehose
 bills every record rounded up to 5 KB: one ~300-byte event per record would be billed about 17
@@ -43,7 +43,8 @@ from urllib.parse import urlsplit
 from jobq.aws import AwsOptions, UrlOptions, aws_error_code, require_aws
 from jobq.clock import SYSTEM_CLOCK, Clock
 from jobq.errors import ConfigError
-from jobq.history.s3 import DAY_MS, LAYOUTS, BufferingSink, Line, MiB, S3EventScanner, split_s3_url
+from jobq.history.buffered import Line, NdjsonSink
+from jobq.history.s3 import DAY_MS, LAYOUTS, MiB, S3EventScanner, split_s3_url
 from jobq.metrics import METRICS
 from jobq.models import RunEvent
 
@@ -58,7 +59,7 @@ _INVALID = frozenset({"InvalidArgumentException", "ValidationException", "Serial
 _TRUNCATED = " …[truncated by jobq: too large for a Firehose record]"
 
 
-class FirehoseHistory(BufferingSink):
+class FirehoseHistory(NdjsonSink):
     """`HistorySink` sending to a Firehose stream; see the module docstring.
 
     Thread-safe. `record`, `flush` and `close` never raise. `read` raises `ConfigError` when no S3

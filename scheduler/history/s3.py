@@ -19,8 +19,8 @@ Objects, one per hour partition per flush::
   every write is conditional (``If-None-Match: *``), so a key taken anyway is never overwritten:
   the write moves to the next key.
 
-``record`` never waits on the network: it encodes and appends to a buffer, and a background
-thread uploads when ``flush_bytes`` of NDJSON are buffered or every ``flush_s``; ``flush`` and
+``record`` never waits on the network: it encodes and appends to a buffer (`jobq.history.buffered`),
+and a background thread uploads when ``flush_bytes`` of NDJSON are buffered or every ``flush_s``; ``flush`` and
 ``close`` upload too. A failed upload keeps its events for the next flush. The buffer (in-flight
 events included) is bounded by ``max_buffer_bytes``: beyond it new events are dropped, as are
 events ``close`` could not upload, and all of those are counted in ``jobq_history_errors_total``
@@ -47,7 +47,7 @@ import secrets
 import socket
 import threading
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -56,7 +56,7 @@ from urllib.parse import urlsplit
 from jobq.aws import AwsOptions, UrlOptions, aws_error_code, translate_aws_error
 from jobq.clock import SYSTEM_CLOCK, Clock
 from jobq.errors import ConfigError, JobqError, StoreError
-from jobq.metrics import METRICS
+from jobq.history.buffered import Line, NdjsonSink
 from jobq.models import RunEvent
 
 log = logging.getLogger("jobq.history")
@@ -273,149 +273,6 @@ class S3EventScanner:
         return events
 
 
-# --- buffering, shared with the Firehose sink -----------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Line:
-    """One encoded event: its time (for partitioning) and its NDJSON line, newline included."""
-
-    at_ms: int
-    data: bytes
-
-
-class BufferingSink:
-    """The buffering half of the AWS sinks. `record` encodes and appends under a lock; a
-    background thread calls `_ship` when ``flush_bytes`` are buffered or every ``flush_s``.
-    `_ship` returns the lines to keep for the next flush (a transient failure); lines it drops it
-    counts itself. Subclasses set their fields, then call ``super().__init__`` (it starts the
-    thread), and may override `_encode` and `_release`."""
-
-    def __init__(self, *, name: str, flush_s: float, flush_bytes: int, max_buffer_bytes: int) -> None:
-        self.name = name
-        self.flush_s = flush_s
-        self.flush_bytes = flush_bytes
-        self.max_buffer_bytes = max_buffer_bytes
-        self._lock = threading.Lock()  # the buffer and its counters; never held across I/O
-        self._flush_lock = threading.Lock()  # one shipment at a time, so retries go out before newer lines
-        self._buffer: list[Line] = []
-        self._buffered_bytes = 0
-        self._held_bytes = 0  # buffered plus in flight: what max_buffer_bytes bounds
-        self._dropped_unlogged = 0
-        self._closed = False
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name=f"jobq-history-{name}", daemon=True)
-        self._thread.start()
-
-    def record(self, events: Sequence[RunEvent]) -> None:
-        """Buffer the events; never raises and never waits on the network. Events that cannot be
-        encoded, or held (a closed sink, a full buffer), are counted in `jobq_history_errors_total`
-        and logged (a full buffer's drops by the flusher, so a hot path is not flooded with logs)."""
-        if not events:
-            return
-        try:
-            lines = [Line(e.at_ms, self._encode(e)) for e in events]
-        except Exception:
-            METRICS.history_errors.inc(len(events))
-            log.exception("%s history: %d events could not be encoded; dropped", self.name, len(events))
-            return
-        size = sum(len(line.data) for line in lines)
-        with self._lock:
-            closed = self._closed
-            full = not closed and self._held_bytes + size > self.max_buffer_bytes
-            if full:
-                self._dropped_unlogged += len(lines)
-            elif not closed:
-                self._buffer.extend(lines)
-                self._buffered_bytes += size
-                self._held_bytes += size
-            due = self._buffered_bytes >= self.flush_bytes
-        if closed or full:
-            METRICS.history_errors.inc(len(lines))
-            if closed:
-                log.warning("%s history is closed; %d events dropped", self.name, len(lines))
-        elif due:
-            self._wake.set()
-
-    def flush(self) -> None:
-        """Ship everything buffered now. Never raises: what fails stays buffered for the next
-        flush, within ``max_buffer_bytes``."""
-        self._flush()
-
-    def close(self) -> None:
-        """Stop the flusher, ship what is buffered (one more try), count and log what could not
-        be shipped, and release the clients. Idempotent; `record` after it drops and counts."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-        self._stop.set()
-        self._wake.set()
-        self._thread.join()  # bounded: an upload in progress ends within the client's timeouts
-        self._flush()
-        with self._lock:
-            left, self._buffer = self._buffer, []
-            self._buffered_bytes = self._held_bytes = 0
-        if left:
-            METRICS.history_errors.inc(len(left))
-            log.error("%s history closed with %d events it could not ship; dropped", self.name, len(left))
-        self._release()
-
-    def _encode(self, event: RunEvent) -> bytes:
-        return event.model_dump_json().encode() + b"\n"
-
-    def _ship(self, batch: list[Line]) -> list[Line]:
-        raise NotImplementedError
-
-    def _release(self) -> None:
-        pass
-
-    def _flush(self) -> bool:
-        """One shipment of the whole buffer; True when nothing was left over."""
-        with self._flush_lock:
-            with self._lock:
-                batch, self._buffer = self._buffer, []
-                self._buffered_bytes = 0
-                dropped, self._dropped_unlogged = self._dropped_unlogged, 0
-            if dropped:
-                log.error(
-                    "%s history buffer full (max_buffer_bytes=%d): %d events dropped",
-                    self.name,
-                    self.max_buffer_bytes,
-                    dropped,
-                )
-            if not batch:
-                return True
-            try:
-                kept = self._ship(batch)
-            except Exception:
-                log.exception("%s history: shipping %d events failed; kept for the next flush", self.name, len(batch))
-                kept = batch
-            kept_bytes = sum(len(line.data) for line in kept)
-            with self._lock:
-                self._buffer[:0] = kept  # ahead of what was recorded meanwhile: order is kept
-                self._buffered_bytes += kept_bytes
-                self._held_bytes -= sum(len(line.data) for line in batch) - kept_bytes
-            return not kept
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            self._wake.wait(self.flush_s)
-            self._wake.clear()
-            if self._stop.is_set():
-                return
-            try:
-                shipped = self._flush()
-            except Exception:  # the thread must outlive any bug: history would silently stop
-                log.exception("%s history flusher failed", self.name)
-                shipped = False
-            if not shipped:
-                # A failing destination with a full buffer would otherwise wake this loop on
-                # every record: wait a whole interval before trying again.
-                self._stop.wait(self.flush_s)
-
-
 # --- the S3 sink ------------------------------------------------------------------------------------
 
 _HOST = re.sub(r"[^A-Za-z0-9.]+", "_", socket.gethostname().split(".")[0])[:40] or "host"
@@ -429,7 +286,7 @@ def _next_seq() -> int:
         return next(_SEQ)
 
 
-class S3History(BufferingSink):
+class S3History(NdjsonSink):
     """`HistorySink` writing gzipped (or plain) NDJSON objects to S3; see the module docstring.
 
     Thread-safe. `read` flushes this sink first, then scans (`S3EventScanner`) and raises
