@@ -22,16 +22,8 @@ from jobq.clock import ManualClock
 from jobq.errors import ConfigError, MissingExtra, StoreError, StoreUnavailable
 from jobq.history.buffered import Line
 from jobq.history.firehose import MAX_BATCH_BYTES, MAX_RECORD_BYTES, FirehoseHistory, batches, pack
-from jobq.history.s3 import (
-    CLOCK_SKEW_MS,
-    DAY_MS,
-    FIREHOSE,
-    HIVE,
-    HOUR_MS,
-    S3EventScanner,
-    S3History,
-    job_created_ms,
-)
+from jobq.history.s3 import S3History
+from jobq.history.s3scanner import CLOCK_SKEW_MS, DAY_MS, FIREHOSE, HIVE, HOUR_MS, S3EventScanner, job_created_ms
 from jobq.ids import new_job_id
 from jobq.metrics import METRICS
 from jobq.models import RunEvent

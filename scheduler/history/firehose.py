@@ -21,9 +21,9 @@ invalid is dropped and counted. An event too large for one record (1,000 KiB) ha
 truncated to fit.
 
 Reading: Firehose is write-only, so `read` reads the stream's S3 destination, given as
-``s3=s3://BUCKET/PREFIX`` (its bucket and prefix), with `S3EventScanner`. Those partitions name
-the delivery time, not the event time: the scan starts ``slack_s`` (1 h) before the job's creation
-and goes on ``slack_s`` past the last event it needs. Firehose's default layout is
+``s3=s3://BUCKET/PREFIX`` (its bucket and prefix), with `S3EventScanner` (`jobq.history.s3scanner`).
+Those partitions name the delivery time, not the event time: the scan starts ``slack_s`` (1 h)
+before the job's creation and goes on ``slack_s`` past the last event it needs. Firehose's default layout is
 ``PREFIX/YYYY/MM/DD/HH/`` (``s3_layout=firehose``); a custom prefix of the form
 ``PREFIX/dt=!{timestamp:yyyy-MM-dd}/hour=!{timestamp:HH}/`` is ``s3_layout=hive``. Time prefixes
 must be UTC (no ``CustomTimeZone``). Events appear there only once Firehose has delivered them,
@@ -44,7 +44,7 @@ from jobq.aws import AwsOptions, UrlOptions, aws_error_code, require_aws
 from jobq.clock import SYSTEM_CLOCK, Clock
 from jobq.errors import ConfigError
 from jobq.history.buffered import Line, NdjsonSink
-from jobq.history.s3 import DAY_MS, LAYOUTS, MiB, S3EventScanner, split_s3_url
+from jobq.history.s3scanner import DAY_MS, LAYOUTS, MiB, S3EventScanner, split_s3_url
 from jobq.metrics import METRICS
 from jobq.models import RunEvent
 

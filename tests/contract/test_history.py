@@ -76,7 +76,7 @@ def _firehose(tmp_path: Path) -> HistorySink:
     import boto3
 
     from jobq.history.firehose import FirehoseHistory
-    from jobq.history.s3 import FIREHOSE, HOUR_MS, S3EventScanner
+    from jobq.history.s3scanner import FIREHOSE, HOUR_MS, S3EventScanner
 
     s3, bucket, drop = _moto_bucket()
     firehose = boto3.client("firehose", **shared_moto_server().client_kwargs())
