@@ -17,12 +17,13 @@ from procs import Processes, wait_until
 from stacks import STACKS, Stack, stack
 
 from jobq.client import Client
-from jobq.daemons.worker import Worker
+from jobq.codec import Envelope
+from jobq.daemons.worker import Worker, _Active, _Started
 from jobq.metrics import METRICS
 from jobq.models import Priority, RunState, TaskTarget
 from jobq.ports import Delivery, RunQuery
 from jobq.submission import JobSpec
-from jobq.tasks import TaskRegistry
+from jobq.tasks import TaskContext, TaskDef, TaskRegistry
 from jobq.wiring import Deployment
 
 pytestmark = pytest.mark.slow
@@ -189,15 +190,17 @@ def test_a_killed_worker_s_run_is_reclaimed_and_completed_elsewhere_with_a_highe
         assert [(w, a) for _, a, _, w in done] == [("worker-b", 2)]
         assert done[0][2] == final.fence
 
-        # The killed worker's completion, arriving late with its old fence, is rejected and counted.
+        # The killed worker's completion, arriving late with its old fence, is rejected and counted:
+        # a worker holding the old start runs the task to its end and writes the outcome.
         registry = TaskRegistry()
+        registry.add(TaskDef("e2e.slow", lambda *args: None))
         late_worker = Worker(deployment, registry, worker_id="worker-a")
         before = METRICS.fenced_writes.value(op="complete")
-        from jobq.codec import Envelope
-        from jobq.daemons.worker import _Outcome
-
-        envelope = Envelope(held.run_id, held.job_id, held.fence, "e2e.slow", held.priority, held.attempt)
-        late_worker._finish(envelope, held, Delivery("default", b"", "0:stale", 1), _Outcome(result=None), None)
+        envelope = Envelope(held.run_id, held.job_id, held.fence, "e2e.slow", held.priority, held.attempt, {})
+        ctx = TaskContext(held.run_id, held.job_id, held.attempt, held.fence, "e2e.slow", "worker-a")
+        delivery = Delivery("default", b"", "0:stale", 1)
+        started = _Started(delivery, envelope, held, registry.get("e2e.slow"), _Active(held, ctx, delivery, 0, None, 0))
+        late_worker._complete([late_worker._run(started)])
         assert METRICS.fenced_writes.value(op="complete") == before + 1
         after = client.run(held.run_id)
         assert (after.state, after.fence, after.attempt) == (RunState.SUCCEEDED, final.fence, 2)

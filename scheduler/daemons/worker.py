@@ -2,9 +2,14 @@
 
 Per delivery: CAS to RUNNING with a 30 s lease (a lost CAS means the run moved on: drop the
 message), run the task with a `TaskContext`, then write the outcome with a CAS on the fence and
-lease owner, then ack. A monitor thread renews every lease in one batch each heartbeat and
-extends the messages' visibility; a renewal that fails sets `ctx.lease_lost`, and the task's
-eventual outcome write is rejected and counted (`jobq_fenced_writes_total`).
+lease owner, then ack. The writes batch without waiting for a batch to fill: the consumer starts
+everything one consume returned in one `transition` call, and a completer thread writes every
+outcome that has queued up (and acks their messages) in one call each, so a busy worker makes a
+few store round trips per batch instead of three per run, and an idle one answers at once.
+
+A monitor thread renews every lease in one batch each heartbeat and extends the messages'
+visibility; a renewal that fails sets `ctx.lease_lost`, and the task's eventual outcome write is
+rejected and counted (`jobq_fenced_writes_total`).
 
 Prefetch never exceeds free slots, so a long LOW task never holds a CRITICAL message back.
 """
@@ -35,6 +40,7 @@ _RUNNING = frozenset({RunState.RUNNING})
 UNKNOWN_TASK_REDELIVERIES = 5  # other workers may serve it; after this many deliveries the run fails
 RESULT_MAX_BYTES = 64 * 1024
 _MONITOR_TICK_S = 0.5
+_COMPLETE_BATCH = 500  # outcomes written in one store call at most
 _WEBHOOK = TaskDef(WEBHOOK_TASK, lambda: None)  # a marker: resolved per run by `_webhook_task`
 
 
@@ -72,7 +78,8 @@ class Worker(Daemon):
         self.lease_ms = round(self.settings.lease_s * 1000)
         self.heartbeat_ms = round(self.settings.heartbeat_s * 1000)
         self.poll_s = 0.1
-        self._work: queue.Queue[Delivery | None] = queue.Queue()
+        self._work: queue.Queue[_Started | None] = queue.Queue()
+        self._done: queue.Queue[_Done | None] = queue.Queue()
         self._slots = threading.Condition()
         self._in_flight = 0  # deliveries taken and not yet finished
         self._active: dict[str, _Active] = {}
@@ -96,9 +103,10 @@ class Worker(Daemon):
             t = threading.Thread(target=self._pool_loop, name=f"jobq-task-{n}", daemon=True)
             t.start()
             self._threads.append(t)
-        monitor = threading.Thread(target=self._monitor_loop, name="jobq-monitor", daemon=True)
-        monitor.start()
-        self._threads.append(monitor)
+        for target, name in ((self._monitor_loop, "jobq-monitor"), (self._completer_loop, "jobq-completer")):
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
         self.log.info("worker %s serving %s with %d slots", self.worker_id, ",".join(self.queues), self.concurrency)
 
     def run_once(self, now_ms: int, wait_s: float = 0.0) -> int:
@@ -112,8 +120,12 @@ class Worker(Daemon):
         if deliveries:
             with self._slots:
                 self._in_flight += len(deliveries)
-            for d in deliveries:
-                self._work.put(d)
+            try:
+                self._begin(deliveries)
+            except BaseException:
+                self._release(len(deliveries))
+                self.d.transport.nack(deliveries)  # the store is failing: let the broker keep them
+                raise
         return len(deliveries)
 
     def run_forever(self, stop: threading.Event) -> None:
@@ -191,63 +203,102 @@ class Worker(Daemon):
                 a.ctx.lease_lost.set()
             self.d.transport.ack([a.delivery for a in left])
             self.log.warning("handed back %d unfinished runs", len(back))
-        for _ in self._threads:
+        for _ in range(self.concurrency):
             self._work.put(None)
+        self._done.put(None)  # the completer writes what is queued before it, then stops
+        for thread in self._threads:
+            if thread.name == "jobq-completer":
+                thread.join(timeout=10)
         self.log.info("worker %s stopped after %d runs", self.worker_id, self.completed)
 
     # -- executing ------------------------------------------------------------------------------
 
+    def _release(self, n: int) -> None:
+        with self._slots:
+            self._in_flight -= n
+            self._slots.notify_all()
+
+    def _begin(self, deliveries: Sequence[Delivery]) -> None:
+        """Start every run one consume returned, in one store batch, and hand them to the pool."""
+        now = self.clock.now_ms()
+        wanted: list[tuple[Delivery, Envelope, TaskDef | None]] = []
+        drop: list[Delivery] = []
+        hand_on: list[Delivery] = []
+        for delivery in deliveries:
+            try:
+                envelope = decode(delivery.body)
+            except UndecodableMessage as exc:
+                self.log.error("dropping undecodable message from %s: %s", delivery.queue, exc)
+                drop.append(delivery)
+                continue
+            task = self.registry.get(envelope.task)
+            if task is None and envelope.task == WEBHOOK_TASK and self.webhook is not None:
+                task = _WEBHOOK
+            if task is None and delivery.delivery_count < UNKNOWN_TASK_REDELIVERIES:
+                hand_on.append(delivery)  # another worker may serve it
+                continue
+            wanted.append((delivery, envelope, task))
+        starts = [
+            Transition(
+                envelope.run_id,
+                _STARTABLE,
+                RunState.RUNNING,
+                envelope.fence,
+                {
+                    "lease_owner": self.worker_id,
+                    "lease_expires_ms": now + self.lease_ms,
+                    "last_heartbeat_ms": now,
+                    "started_ms": now,
+                },
+                at_ms=now,
+            )
+            for _, envelope, _ in wanted
+        ]
+        started = self.store.transition(starts) if starts else []
+        events = []
+        for (delivery, envelope, task), run in zip(wanted, started, strict=True):
+            if run is None:
+                METRICS.stale_deliveries.inc()
+                drop.append(delivery)
+                continue
+            METRICS.start_lateness.observe(max(0, now - run.due_ms) / 1000, priority=run.priority.value)
+            ctx = TaskContext(run.run_id, run.job_id, run.attempt, run.fence, envelope.task, self.worker_id)
+            active = _Active(run, ctx, delivery, now, task.timeout_s if task else None, now)
+            with self._active_lock:
+                self._active[run.run_id] = active
+            events.append(event(run, "STARTED", now, worker=self.worker_id))
+            self._work.put(_Started(delivery, envelope, run, task, active))
+        if events:
+            self.d.history.record(events)
+        if hand_on:
+            self.d.transport.nack(hand_on, delay_s=1.0)
+        if drop:
+            self.d.transport.ack(drop)
+        if drop or hand_on:
+            self._release(len(drop) + len(hand_on))
+
     def _pool_loop(self) -> None:
         while True:
-            delivery = self._work.get()
-            if delivery is None:
+            item = self._work.get()
+            if item is None:
                 return
             try:
-                self._handle(delivery)
+                self._done.put(self._run(item))
             except Exception:
-                self.log.exception("unexpected failure handling a delivery")
-            finally:
-                with self._slots:
-                    self._in_flight -= 1
-                    self._slots.notify_all()
+                # A bug here must not leak the slot; the run's lease will expire and the reaper
+                # takes it back.
+                self.log.exception("unexpected failure running a task", extra=run_fields(item.run))
+                with self._active_lock:
+                    self._active.pop(item.run.run_id, None)
+                self._release(1)
 
-    def _handle(self, delivery: Delivery) -> None:
-        try:
-            envelope = decode(delivery.body)
-        except UndecodableMessage as exc:
-            self.log.error("dropping undecodable message from %s: %s", delivery.queue, exc)
-            self.d.transport.ack([delivery])
-            return
-        task = self.registry.get(envelope.task)
-        if task is None and envelope.task == WEBHOOK_TASK and self.webhook is not None:
-            task = _WEBHOOK
-        if task is None and delivery.delivery_count < UNKNOWN_TASK_REDELIVERIES:
-            self.d.transport.nack([delivery], delay_s=1.0)  # another worker may serve it
-            return
-        now = self.clock.now_ms()
-        start = Transition(
-            envelope.run_id,
-            _STARTABLE,
-            RunState.RUNNING,
-            envelope.fence,
-            {
-                "lease_owner": self.worker_id,
-                "lease_expires_ms": now + self.lease_ms,
-                "last_heartbeat_ms": now,
-                "started_ms": now,
-            },
-            at_ms=now,
-        )
-        [run] = self.store.transition([start])
-        if run is None:
-            METRICS.stale_deliveries.inc()
-            self.d.transport.ack([delivery])
-            return
-        METRICS.start_lateness.observe(max(0, now - run.due_ms) / 1000, priority=run.priority.value)
-        ctx = TaskContext(run.run_id, run.job_id, run.attempt, run.fence, envelope.task, self.worker_id)
+    def _run(self, item: _Started) -> _Done:
+        run, envelope, task = item.run, item.envelope, item.task
         job: Job | None = None
         if task is None:
-            outcome: _Outcome = _Outcome(error=f"UnknownTask: no worker serves {envelope.task!r}", retryable=False)
+            outcome = _Outcome(error=f"UnknownTask: no worker serves {envelope.task!r}", retryable=False)
+            with self._active_lock:
+                self._active.pop(run.run_id, None)
         else:
             if not envelope.payload_inline or task is _WEBHOOK:
                 job = self.store.get_jobs([run.job_id]).get(run.job_id)
@@ -255,8 +306,84 @@ class Worker(Daemon):
             if task is _WEBHOOK:
                 task = self._webhook_task(job)
                 payload = None
-            outcome = self._execute(task, run, ctx, delivery, payload, job, now)
-        self._finish(envelope, run, delivery, outcome, job)
+            if job is not None and task.timeout_s is None and job.timeout_s is not None:
+                item.active.timeout_s = job.timeout_s
+            outcome = self._execute(task, item.active, payload)
+        now = self.clock.now_ms()
+        if outcome.ok:
+            kind = "SUCCEEDED"
+            move = Transition(
+                run.run_id,
+                _RUNNING,
+                RunState.SUCCEEDED,
+                run.fence,
+                {"result": _jsonable(outcome.result), "finished_ms": now, "lease_expires_ms": None, "last_error": None},
+                expect_owner=self.worker_id,
+                at_ms=now,
+                job_status=JobStatus.COMPLETED if envelope.last else None,
+            )
+        else:
+            job = job or self.store.get_jobs([run.job_id]).get(run.job_id)
+            move, kind = self._failure(run, outcome, job, now)
+        return _Done(item, move, kind, outcome, now - (run.started_ms or now))
+
+    def _completer_loop(self) -> None:
+        while True:
+            first = self._done.get()
+            if first is None:
+                return
+            batch = [first]
+            stop = False
+            while len(batch) < _COMPLETE_BATCH:
+                try:
+                    more = self._done.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    stop = True
+                    break
+                batch.append(more)
+            try:
+                self._complete(batch)
+            except Exception:
+                # The outcomes could not be written: the runs keep their leases until the reaper
+                # takes them back (a failed attempt), and the messages stay unacked.
+                METRICS.loop_errors.inc(daemon="completer")
+                self.log.exception("could not record %d outcomes", len(batch))
+            finally:
+                self.completed += len(batch)
+                self._release(len(batch))
+            if stop:
+                return
+
+    def _complete(self, batch: Sequence[_Done]) -> None:
+        """Write every outcome in one store batch, then ack every message in one transport call."""
+        written = self.store.transition([d.move for d in batch])
+        reindex: list[IndexEntry] = []
+        events = []
+        for done, after in zip(batch, written, strict=True):
+            run = done.item.run
+            if after is None:
+                METRICS.fenced_writes.inc(op="complete")
+                self.log.warning("outcome rejected: the run moved on (fence or lease lost)", extra=run_fields(run))
+                continue
+            METRICS.completed.inc(outcome=done.kind)
+            if after.state is RunState.SCHEDULED:
+                reindex.append(IndexEntry(after.run_id, after.due_ms, after.priority))
+            events.append(
+                event(after, done.kind, after.updated_ms, worker=self.worker_id, duration_ms=done.duration_ms)
+            )
+            fields = run_fields(run, task=done.item.envelope.task, duration_ms=done.duration_ms)
+            if done.kind == "SUCCEEDED":
+                self.log.info("succeeded", extra=fields)
+            else:
+                then = f"retry at attempt {after.attempt}" if done.kind == "RETRYING" else "dead-lettered"
+                self.log.warning("failed: %s; %s", done.outcome.error, then, extra=fields)
+        if reindex:
+            self.d.index.add(reindex)
+        if events:
+            self.d.history.record(events)
+        self.d.transport.ack([d.item.delivery for d in batch])
 
     def _webhook_task(self, job: Job | None) -> TaskDef:
         """The built-in task that calls the job's HTTP target (the caller reads target and payload)."""
@@ -271,16 +398,8 @@ class Worker(Daemon):
         timeout = job.target.timeout_seconds + 5 if job is not None and isinstance(job.target, WebhookTarget) else None
         return TaskDef(WEBHOOK_TASK, call, timeout_s=timeout, bind=True)
 
-    def _execute(
-        self, task: TaskDef, run: Run, ctx: TaskContext, delivery: Delivery, payload: Any, job: Job | None, now: int
-    ) -> _Outcome:
-        timeout_s = task.timeout_s
-        if timeout_s is None and job is not None:
-            timeout_s = job.timeout_s
-        active = _Active(run, ctx, delivery, now, timeout_s, now)
-        with self._active_lock:
-            self._active[run.run_id] = active
-        self.d.history.record([event(run, "STARTED", now, worker=self.worker_id)])
+    def _execute(self, task: TaskDef, active: _Active, payload: Any) -> _Outcome:
+        ctx = active.ctx
         args, kwargs = _arguments(payload)
         try:
             result = task.call(ctx, args, kwargs)
@@ -301,43 +420,7 @@ class Worker(Daemon):
             with active.lock:
                 active.done = True
             with self._active_lock:
-                self._active.pop(run.run_id, None)
-
-    def _finish(self, envelope: Envelope, run: Run, delivery: Delivery, outcome: _Outcome, job: Job | None) -> None:
-        now = self.clock.now_ms()
-        duration = now - (run.started_ms or now)
-        if outcome.ok:
-            kind = "SUCCEEDED"
-            move = Transition(
-                run.run_id,
-                _RUNNING,
-                RunState.SUCCEEDED,
-                run.fence,
-                {"result": _jsonable(outcome.result), "finished_ms": now, "lease_expires_ms": None, "last_error": None},
-                expect_owner=self.worker_id,
-                at_ms=now,
-                job_status=JobStatus.COMPLETED if envelope.last else None,
-            )
-        else:
-            job = job or self.store.get_jobs([run.job_id]).get(run.job_id)
-            move, kind = self._failure(run, outcome, job, now)
-        [written] = self.store.transition([move])
-        if written is None:
-            METRICS.fenced_writes.inc(op="complete")
-            self.log.warning("outcome rejected: the run moved on (fence or lease lost)", extra=run_fields(run))
-        else:
-            METRICS.completed.inc(outcome=kind)
-            if written.state is RunState.SCHEDULED:
-                self.d.index.add([IndexEntry(written.run_id, written.due_ms, written.priority)])
-            self.d.history.record([event(written, kind, now, worker=self.worker_id, duration_ms=duration)])
-            fields = run_fields(run, task=envelope.task, duration_ms=duration)
-            if kind == "SUCCEEDED":
-                self.log.info("succeeded", extra=fields)
-            else:
-                then = f"retry at attempt {written.attempt}" if kind == "RETRYING" else "dead-lettered"
-                self.log.warning("failed: %s; %s", outcome.error, then, extra=fields)
-        self.d.transport.ack([delivery])
-        self.completed += 1
+                self._active.pop(active.run.run_id, None)
 
     def _failure(self, run: Run, outcome: _Outcome, job: Job | None, now: int) -> tuple[Transition, str]:
         error = outcome.error or "failed"
@@ -462,6 +545,28 @@ class Worker(Daemon):
                 self.d.index.add([IndexEntry(written.run_id, written.due_ms, written.priority)])
             self.d.history.record([event(written, kind, now_ms, worker=self.worker_id)])
             self.log.warning(error, extra=run_fields(written))
+
+
+@dataclass
+class _Started:
+    """A run the store moved to RUNNING for this worker, on its way to a pool thread."""
+
+    delivery: Delivery
+    envelope: Envelope
+    run: Run
+    task: TaskDef | None  # None: nobody serves it (after enough redeliveries): it fails
+    active: _Active
+
+
+@dataclass
+class _Done:
+    """A finished attempt on its way to the completer: the outcome write and what to log."""
+
+    item: _Started
+    move: Transition
+    kind: str
+    outcome: _Outcome
+    duration_ms: int
 
 
 @dataclass

@@ -10,6 +10,7 @@ carried by a transition is updated by the same statement. Rows are locked in run
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -39,6 +40,7 @@ T = TypeVar("T")
 # the run columns (named, never `*`, so a column added by a later migration cannot break `Run`).
 
 _TIERS = "(VALUES (0::smallint), (1::smallint), (2::smallint), (3::smallint)) AS tier(rank)"
+
 
 _INSERT_JOB = (
     "INSERT INTO {jobs} (job_id, tenant_id, name, status, priority, next_fire_ms, version, doc) "
@@ -96,17 +98,57 @@ _EXPIRED = (
     "SELECT {cols} FROM {runs} WHERE state IN ('CLAIMED', 'DISPATCHED', 'RUNNING') AND lease_expires_ms < %s "
     "ORDER BY lease_expires_ms, run_id LIMIT %s"
 )
-# A transition that carries a job status moves the job in the same statement, only from ACTIVE or
-# COMPLETED (a paused or cancelled job stays so), keeping the JSON document's status, version and
-# updated_ms equal to the columns, like SQLite's _FINISH_JOB.
-_FINISH_JOB = (
-    "WITH moved AS ({update}), finished AS ("
+# A job status carried by transitions moves their jobs in the same statement (ACTIVE or COMPLETED
+# only), keeping the JSON document's status, version and updated time equal to the columns.
+_FINISH_JOBS = (
+    "moved AS ({update}), finished AS ("
     "UPDATE {jobs} AS j SET status = %s, version = j.version + 1, doc = j.doc || jsonb_build_object("
     "'status', %s::text, 'version', j.version + 1, "
-    "'updated_ms', coalesce(to_jsonb(%s::bigint), j.doc -> 'updated_ms')) "
+    "'updated_ms', coalesce(to_jsonb(moved.updated_ms), j.doc -> 'updated_ms')) "
     "FROM moved WHERE j.job_id = moved.job_id AND j.status IN ('ACTIVE', 'COMPLETED')) "
     "SELECT * FROM moved"
 )
+_COLUMN_TYPES = {
+    "attempt": "integer",
+    "due_ms": "bigint",
+    "lease_owner": "text",
+    "lease_expires_ms": "bigint",
+    "last_heartbeat_ms": "bigint",
+    "last_error": "text",
+    "deadline_ms": "bigint",
+    "blocked_by": "text",
+    "dead_letter": "boolean",
+    "result": "text",  # JSON text, cast to jsonb in the SET
+    "dispatched_ms": "bigint",
+    "started_ms": "bigint",
+    "finished_ms": "bigint",
+}
+
+
+def _groups(transitions: Sequence[Transition]) -> list[list[int]]:
+    """Indexes of `transitions` in groups that one statement can apply: the same shape, and each
+    run at most once. A run's later transitions go to later rounds, so its order is kept."""
+    rounds: list[dict[tuple[Any, ...], list[int]]] = []
+    seen: dict[str, int] = {}
+    for i, t in enumerate(transitions):
+        level = seen.get(t.run_id, -1) + 1
+        seen[t.run_id] = level
+        if level == len(rounds):
+            rounds.append({})
+        shape = (
+            t.expect,
+            t.to_state,
+            t.bump_fence,
+            t.at_ms is None,
+            tuple(sorted(t.changes)),
+            t.expect_fence is None,
+            t.expect_owner is None,
+            t.expect_version is None,
+            t.job_status,
+        )
+        rounds[level].setdefault(shape, []).append(i)
+    return [group for shapes in rounds for group in shapes.values()]
+
 
 _INSERT_TOKEN = (
     "INSERT INTO {tokens} (token_id, tenant_id, name, token_hash, created_ms, revoked_ms) "
@@ -356,47 +398,69 @@ class PostgresStore:
         return "\n".join(str(r["QUERY PLAN"]) for r in rows)
 
     def transition(self, transitions: Sequence[Transition]) -> list[Run | None]:
+        """One statement per group of same-shaped transitions (per-row values as arrays through
+        `unnest`), all in one transaction. A run named twice in one batch keeps its order: its
+        second transition goes into a later round."""
         if not transitions:
             return []
-        order = sorted(range(len(transitions)), key=lambda i: transitions[i].run_id)  # stable: same-run order kept
-        statements = {i: self._transition_sql(transitions[i]) for i in order}
+        statements = [(*self._group_sql([transitions[i] for i in group]), group) for group in _groups(transitions)]
 
         def body(conn: Connection) -> list[Run | None]:
-            cursors = [(i, conn.execute(*statements[i])) for i in order]
             out: list[Run | None] = [None] * len(transitions)
-            for i, cur in cursors:
-                row = cur.fetchone()
-                out[i] = None if row is None else run_from_row(row)
+            for sql, params, group in statements:
+                by_id = {row["run_id"]: row for row in conn.execute(sql, params).fetchall()}
+                for i in group:
+                    row = by_id.get(transitions[i].run_id)
+                    out[i] = None if row is None else run_from_row(row)
             return out
 
-        return self.db.run(body, pipeline=True)
+        return self.db.run(body)
 
-    def _transition_sql(self, t: Transition) -> tuple[str, list[Any]]:
-        sets = ["state = %s", "version = version + 1"]
-        params: list[Any] = [t.to_state.value]
-        if t.bump_fence:
-            sets.append("fence = fence + 1")
-        if t.at_ms is not None:
-            sets.append("updated_ms = %s")
-            params.append(t.at_ms)
-        for name, value in t.changes.items():
-            sets.append(f"{name} = %s")  # names are whitelisted by Transition
-            params.append(_json(value) if name == "result" else value)
-        where = ["run_id = %s", "state = ANY(%s)"]
-        params += [t.run_id, sorted(s.value for s in t.expect)]
-        for column, expected in (
-            ("fence", t.expect_fence),
-            ("lease_owner", t.expect_owner),
-            ("version", t.expect_version),
-        ):
-            if expected is not None:
-                where.append(f"{column} = %s")
-                params.append(expected)
-        update = f"UPDATE {{runs}} SET {', '.join(sets)} WHERE {' AND '.join(where)} RETURNING {{cols}}"
-        if t.job_status is None:
-            return self.db.sql(update), params
-        status = t.job_status.value
-        return self.db.sql(_FINISH_JOB.replace("{update}", update)), [*params, status, status, t.at_ms]
+    def _group_sql(self, group: Sequence[Transition]) -> tuple[str, list[Any]]:
+        """The UPDATE for transitions of one shape: the rows are locked in run-id order first, so
+        two batches touching the same runs cannot deadlock."""
+        t0 = group[0]
+        columns = [("run_id", "text", [t.run_id for t in group])]
+        if t0.at_ms is not None:
+            columns.append(("updated_ms", "bigint", [t.at_ms for t in group]))
+        for name in sorted(t0.changes):
+            kind = _COLUMN_TYPES[name]
+            values = [t.changes[name] for t in group]
+            if name == "result":
+                values = [None if v is None else json.dumps(v) for v in values]
+            columns.append((name, kind, values))
+        expected = [("fence", "bigint", "expect_fence"), ("lease_owner", "text", "expect_owner")]
+        expected.append(("version", "bigint", "expect_version"))
+        for column, kind, attribute in expected:
+            if getattr(t0, attribute) is not None:
+                columns.append((f"expect_{column}", kind, [getattr(t, attribute) for t in group]))
+        arrays = ", ".join(f"%s::{kind}[]" for _, kind, _ in columns)
+        names = ", ".join(name for name, _, _ in columns)
+        sets = ["state = %s", "version = r.version + 1"]
+        if t0.bump_fence:
+            sets.append("fence = r.fence + 1")
+        for name, _, _ in columns[1:]:
+            if name.startswith("expect_"):
+                continue
+            sets.append(f"{name} = t.{name}::jsonb" if name == "result" else f"{name} = t.{name}")
+        where = ["r.run_id = t.run_id", "r.state = ANY(%s)", "r.run_id IN (SELECT run_id FROM locked)"]
+        where += [f"r.{name[7:]} = t.{name}" for name, _, _ in columns if name.startswith("expect_")]
+        update = (
+            f"UPDATE {{runs}} AS r SET {', '.join(sets)} FROM t WHERE {' AND '.join(where)} "
+            f"RETURNING {', '.join('r.' + c for c in RUN_COLUMNS)}"
+        )
+        head = (
+            f"WITH t AS (SELECT * FROM unnest({arrays}) AS t({names})), "
+            "locked AS (SELECT r.run_id FROM {runs} AS r JOIN t ON r.run_id = t.run_id "
+            "ORDER BY r.run_id FOR UPDATE OF r)"
+        )
+        params: list[Any] = [values for _, _, values in columns]
+        params += [t0.to_state.value, sorted(s.value for s in t0.expect)]
+        if t0.job_status is None:
+            return self.db.sql(f"{head} {update}"), params
+        status = t0.job_status.value
+        finish = _FINISH_JOBS.replace("{update}", update)
+        return self.db.sql(f"{head}, {finish}"), [*params, status, status]
 
     def expired_leases(self, now_ms: int, limit: int) -> list[Run]:
         return [run_from_row(r) for r in self.db.read(_EXPIRED, [now_ms, limit])]

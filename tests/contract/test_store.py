@@ -427,3 +427,16 @@ class TestIdempotencyUnderConcurrency:
 def test_overdue_runs_with_the_same_due_time_come_in_run_id_order(store: JobStore) -> None:
     store.add_runs([make_run(f"job_{c}", T0) for c in "dbca"])
     assert [r.job_id for r in store.overdue_runs(T0, 10)] == ["job_a", "job_b", "job_c", "job_d"]
+
+
+def test_a_batch_naming_one_run_twice_applies_both_in_order(store: JobStore) -> None:
+    store.add_runs([make_run("job_1", state=S.CLAIMED, fence=1), make_run("job_2", state=S.CLAIMED, fence=1)])
+    out = store.transition(
+        [
+            Transition(f"job_1:{T0}", frozenset({S.CLAIMED}), S.DISPATCHED, 1, {"dispatched_ms": T0}),
+            Transition(f"job_2:{T0}", frozenset({S.CLAIMED}), S.DISPATCHED, 1, {"dispatched_ms": T0}),
+            Transition(f"job_1:{T0}", frozenset({S.DISPATCHED}), S.RUNNING, 1, {"lease_owner": "w"}),
+        ]
+    )
+    assert [r.state if r else None for r in out] == [S.DISPATCHED, S.DISPATCHED, S.RUNNING]
+    assert store.get_runs([f"job_1:{T0}"])[f"job_1:{T0}"].version == 2
