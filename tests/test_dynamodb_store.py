@@ -27,7 +27,8 @@ from jobq.dynamodb import DynamoConfig, render_definition, table_definition
 from jobq.errors import ConfigError, DuplicateJob, IdempotencyConflict, StoreError, StoreUnavailable
 from jobq.models import IdempotencyRecord, JobStatus, Priority, Run, RunState, Transition
 from jobq.ports import JobQuery, RunQuery
-from jobq.store.dynamodb import RUN_FIELDS, DynamoStore, shard_of
+from jobq.store.dynamodb import DynamoStore
+from jobq.store.dynamodb_items import RUN_FIELDS, shard_of
 
 S = RunState
 Item = dict[str, Any]

@@ -1,16 +1,8 @@
 """The DynamoDB store: jobs, runs, idempotency keys, workers, tokens and secrets in one table.
 
-The item and index design is drawn in docs/dynamodb.md; the URL, the client and error translation
-live in `jobq.dynamodb`. In short:
-
-- a job is ``PK=JOB#<job_id>, SK=META``: its JSON document plus the attributes that are queried or
-  changed in place (``status``, ``version`` and ``updated_ms`` are authoritative over the document);
-- a run is ``PK=JOB#<job_id>, SK=RUN#<nominal_ms, 20 digits>`` with one attribute per field, so a
-  run id names its key and reads need no index;
-- GSI1 holds runs while the reaper, beat's repair or the dead-letter list need them: leased runs
-  by lease expiry, SCHEDULED runs by due time (one partition per priority tier), dead letters by
-  nominal time, each spread over 16 shards (``crc32(run_id) % 16``). GSI2 holds ACTIVE jobs by next
-  fire time; GSI3 a tenant's jobs by id, for listings.
+The item and index design is drawn in docs/dynamodb.md and encoded in `jobq.store.dynamodb_items`;
+the URL, the table client and error translation live in `jobq.dynamodb`, the table's definition in
+`jobq.dynamodb_schema`.
 
 Every state change is one ``UpdateItem`` whose ``ConditionExpression`` names the expected states,
 fence, lease owner and version, returning the new item; a batch runs them concurrently (one run's
@@ -22,17 +14,13 @@ other read is strongly consistent.
 from __future__ import annotations
 
 import contextlib
-import json
 import uuid
-import zlib
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Literal, TypeVar
-from urllib.parse import quote
+from typing import Any, Literal
 
 from jobq.dynamodb import (
     SHARDS,
     TRANSACT_ITEMS,
-    TTL_ATTRIBUTE,
     ConditionFailed,
     DynamoConfig,
     DynamoTable,
@@ -40,10 +28,9 @@ from jobq.dynamodb import (
     Item,
     TransactionCancelled,
     backoff,
-    render_definition,
-    table_definition,
 )
-from jobq.errors import Conflict, DuplicateJob, IdempotencyConflict, JobNotFound, StoreError, StoreUnavailable
+from jobq.dynamodb_schema import render_definition, table_definition
+from jobq.errors import Conflict, DuplicateJob, IdempotencyConflict, JobNotFound, StoreUnavailable
 from jobq.models import (
     LEASED_STATES,
     PRIORITIES_BY_RANK,
@@ -56,174 +43,32 @@ from jobq.models import (
     Transition,
 )
 from jobq.ports import CreateResult, JobQuery, Page, RunQuery
+from jobq.store.dynamodb_items import (
+    TOKENS_PK,
+    WORKERS_PK,
+    as_n,
+    as_s,
+    field_value,
+    flat_item,
+    flat_record,
+    gsi1,
+    idempotency_item,
+    idempotency_pk,
+    job_from_item,
+    job_item,
+    job_key,
+    plan_gsi1,
+    run_from_item,
+    run_item,
+    run_key,
+    shard_of,
+    tenant_segment,
+    token_hash_key,
+)
 from jobq.store.memory import parse_run_cursor, run_cursor
 
-R = TypeVar("R", IdempotencyRecord, ApiToken)
-
-_STR_FIELDS = ("run_id", "job_id", "tenant_id", "state", "lease_owner", "last_error", "prev_run_id", "blocked_by")
-_INT_FIELDS = (
-    *("nominal_ms", "due_ms", "attempt", "fence", "version", "lease_expires_ms", "last_heartbeat_ms"),
-    *("deadline_ms", "created_ms", "updated_ms", "dispatched_ms", "started_ms", "finished_ms"),
-)
-#: Every `Run` field, by how it is stored (`priority` as its rank, `result` as JSON text).
-RUN_FIELDS = frozenset({*_STR_FIELDS, *_INT_FIELDS, "priority", "dead_letter", "result"})
-_UNLEASED_END_STATES = frozenset({RunState.SUCCEEDED, RunState.FAILED, RunState.CANCELLED})
 _FINISHABLE = (JobStatus.ACTIVE.value, JobStatus.COMPLETED.value)
 _CREATE_ATTEMPTS = 8  # contention (TransactionConflict) backs off between attempts
-
-
-def shard_of(key: str) -> int:
-    """A stable shard in 0..15 (crc32, never Python's per-process `hash`)."""
-    return zlib.crc32(key.encode()) % SHARDS
-
-
-def _s(value: str) -> dict[str, str]:
-    return {"S": value}
-
-
-def _n(value: int) -> dict[str, str]:
-    return {"N": str(value)}
-
-
-def _tenant(tenant_id: str) -> str:
-    return quote(tenant_id, safe="")  # a '#' in a tenant id cannot run into the next key segment
-
-
-def job_key(job_id: str) -> Item:
-    return {"PK": _s(f"JOB#{job_id}"), "SK": _s("META")}
-
-
-def run_key(run_id: str) -> Item | None:
-    """The run's key, derived from its id (`job_id:nominal_ms`); None when the id has another form."""
-    job_id, sep, nominal = run_id.rpartition(":")
-    if not sep or not job_id or not nominal.isdigit() or str(int(nominal)) != nominal:
-        return None
-    return {"PK": _s(f"JOB#{job_id}"), "SK": _s(f"RUN#{int(nominal):020d}")}
-
-
-def gsi1(run: Run) -> tuple[str, int] | None:
-    """GSI1's (partition, sort) key for the run as it is, or None when it is not indexed. The one
-    statement of GSI1 membership: writes set it, transitions keep it, and `_check_gsi1` repairs a
-    transition whose expression could not know it."""
-    shard = shard_of(run.run_id)
-    if run.state in LEASED_STATES:
-        return None if run.lease_expires_ms is None else (f"{run.state.value}#{shard}", run.lease_expires_ms)
-    if run.state is RunState.SCHEDULED:
-        return f"SCHEDULED#{run.priority.value}#{shard}", run.due_ms
-    return (f"DEAD#{shard}", run.nominal_ms) if run.dead_letter else None
-
-
-def run_item(run: Run) -> Item:
-    key = run_key(run.run_id)
-    if key is None or run.run_id != Run.make_id(run.job_id, run.nominal_ms):
-        raise StoreError(f"run id {run.run_id!r} is not job_id:nominal_ms")
-    item: Item = dict(key)
-    for name in _STR_FIELDS:
-        value = getattr(run, name)
-        if value is not None:
-            item[name] = _s(str(value))
-    for name in _INT_FIELDS:
-        value = getattr(run, name)
-        if value is not None:
-            item[name] = _n(value)
-    item["priority"] = _n(run.priority.rank)
-    item["dead_letter"] = {"BOOL": run.dead_letter}
-    if run.result is not None:
-        item["result"] = _s(json.dumps(run.result))
-    # The GSI1 partition this run takes whenever it is SCHEDULED, kept on the item so that a
-    # transition can copy it without knowing the run's priority.
-    item["GSI1PK_SCHEDULED"] = _s(f"SCHEDULED#{run.priority.value}#{shard_of(run.run_id)}")
-    index = gsi1(run)
-    if index is not None:
-        item["GSI1PK"], item["GSI1SK"] = _s(index[0]), _n(index[1])
-    return item
-
-
-def run_from_item(item: Item) -> Run:
-    data: dict[str, Any] = {n: item[n]["S"] for n in _STR_FIELDS if n in item}
-    data.update((n, int(item[n]["N"])) for n in _INT_FIELDS if n in item)
-    data["priority"] = PRIORITIES_BY_RANK[int(item["priority"]["N"])]
-    data["dead_letter"] = bool(item.get("dead_letter", {}).get("BOOL", False))
-    if "result" in item:
-        data["result"] = json.loads(item["result"]["S"])
-    return Run.model_validate(data)
-
-
-def _field_value(name: str, value: Any) -> dict[str, Any] | None:
-    """A run field's stored form; None means the attribute is removed."""
-    if value is None:
-        return None
-    if name == "result":
-        return _s(json.dumps(value))
-    if name == "dead_letter":
-        return {"BOOL": bool(value)}
-    return _n(int(value)) if name in _INT_FIELDS else _s(str(value))
-
-
-def job_item(job: Job) -> Item:
-    shard = shard_of(job.job_id)
-    item: Item = {
-        **job_key(job.job_id),
-        "doc": _s(job.model_dump_json()),
-        "tenant_id": _s(job.tenant_id),
-        "status": _s(job.status.value),
-        "priority": _n(job.priority.rank),
-        "name": _s(job.name),
-        "version": _n(job.version),
-        "updated_ms": _n(job.updated_ms),
-        "GSI3PK": _s(f"JOBS#{_tenant(job.tenant_id)}#{shard}"),
-        "GSI3SK": _s(job.job_id),
-    }
-    # GSI2 is sparse on both keys: GSI2PK while ACTIVE, GSI2SK while there is a next fire. A status
-    # change then moves GSI2PK alone, without having to know the next fire time.
-    if job.next_fire_ms is not None:
-        item["next_fire_ms"] = item["GSI2SK"] = _n(job.next_fire_ms)
-    if job.status is JobStatus.ACTIVE:
-        item["GSI2PK"] = _s(f"DUE#{shard}")
-    return item
-
-
-def job_from_item(item: Item) -> Job:
-    job = Job.model_validate_json(item["doc"]["S"])
-    return job.model_copy(
-        update={
-            "status": JobStatus(item["status"]["S"]),
-            "version": int(item["version"]["N"]),
-            "updated_ms": int(item["updated_ms"]["N"]),
-        }
-    )
-
-
-def _flat_item(record: IdempotencyRecord | ApiToken, pk: str, sk: str) -> Item:
-    """A record of strings and integers as an item, one attribute per field (None: absent)."""
-    item: Item = {"PK": _s(pk), "SK": _s(sk)}
-    for name, value in record.model_dump().items():
-        if value is not None:
-            item[name] = _n(value) if isinstance(value, int) else _s(value)
-    return item
-
-
-def _flat_record(model: type[R], item: Item) -> R:
-    fields = {n: int(item[n]["N"]) if "N" in item[n] else item[n]["S"] for n in model.model_fields if n in item}
-    return model.model_validate(fields)
-
-
-def _idempotency_pk(tenant_id: str, key: str) -> str:
-    return f"IDEM#{_tenant(tenant_id)}#{key}"
-
-
-def _idempotency_item(record: IdempotencyRecord) -> Item:
-    item = _flat_item(record, _idempotency_pk(record.tenant_id, record.key), "IDEM")
-    item[TTL_ATTRIBUTE] = _n(record.expires_ms // 1000 + 1)  # DynamoDB deletes it some time after expiry
-    return item
-
-
-def _token_hash_key(token_hash: str) -> Item:
-    return {"PK": _s(f"TOKENHASH#{token_hash}"), "SK": _s("TOKENHASH")}
-
-
-_TOKENS_PK = "TOKENS"  # one partition: tokens are few and rarely written, and listing is one Query
-_WORKERS_PK = "WORKERS"  # likewise: known_tasks is one Query, never a Scan
 
 
 def _in_order(runs: Iterable[Run]) -> list[Run]:
@@ -287,9 +132,9 @@ class DynamoStore:
                     continue
                 failed = [c == "ConditionalCheckFailed" for c in exc.codes]
                 if idempotency is not None and failed[-1]:
-                    stored = exc.items[-1] or self._get(_idempotency_pk(idempotency.tenant_id, idempotency.key), "IDEM")
+                    stored = exc.items[-1] or self._get(idempotency_pk(idempotency.tenant_id, idempotency.key), "IDEM")
                     if stored is not None:
-                        record = _flat_record(IdempotencyRecord, stored)
+                        record = flat_record(IdempotencyRecord, stored)
                         if record.fingerprint != idempotency.fingerprint:
                             raise IdempotencyConflict(idempotency.key) from None
                         original = self._get(f"JOB#{record.job_id}", "META")
@@ -313,11 +158,11 @@ class DynamoStore:
 
     def _put_idempotency(self, record: IdempotencyRecord, orphan: str | None) -> dict[str, Any]:
         e = Expr()
-        taken = f"attribute_not_exists(PK) OR {e.n('expires_ms')} <= {e.v(_n(record.created_ms))}"
+        taken = f"attribute_not_exists(PK) OR {e.n('expires_ms')} <= {e.v(as_n(record.created_ms))}"
         if orphan is not None:
-            taken += f" OR {e.n('job_id')} = {e.v(_s(orphan))}"
+            taken += f" OR {e.n('job_id')} = {e.v(as_s(orphan))}"
         e.conditions.append(f"({taken})")
-        put = e.finish(TableName=self.table.name, Item=_idempotency_item(record))
+        put = e.finish(TableName=self.table.name, Item=idempotency_item(record))
         put["ReturnValuesOnConditionCheckFailure"] = "ALL_OLD"
         return {"Put": put}
 
@@ -332,15 +177,15 @@ class DynamoStore:
         parallel) and the smallest ids kept: that costs a read of every job's index entry."""
         e = Expr()
         if query.status is not None:
-            e.when("status", "=", _s(query.status.value))
+            e.when("status", "=", as_s(query.status.value))
         if query.priority is not None:
-            e.when("priority", "=", _n(query.priority.rank))
+            e.when("priority", "=", as_n(query.priority.rank))
         if query.name_prefix:
-            e.conditions.append(f"begins_with({e.n('name')}, {e.v(_s(query.name_prefix))})")
+            e.conditions.append(f"begins_with({e.n('name')}, {e.v(as_s(query.name_prefix))})")
         want = query.limit + 1
-        cursor = _s(query.cursor) if query.cursor else None
+        cursor = as_s(query.cursor) if query.cursor else None
         if query.tenant_id is not None:
-            partitions = [f"JOBS#{_tenant(query.tenant_id)}#{n}" for n in range(SHARDS)]
+            partitions = [f"JOBS#{tenant_segment(query.tenant_id)}#{n}" for n in range(SHARDS)]
             entries = self._gsi_shards("GSI3", partitions, want, ">", cursor, e)
         else:
             if cursor is not None:
@@ -359,7 +204,7 @@ class DynamoStore:
         missing job (`JobNotFound`) from a moved one (`Conflict`) without a second read."""
         stored = job.model_copy(update={"version": job.version + 1})
         e = Expr()
-        e.when("version", "=", _n(job.version))
+        e.when("version", "=", as_n(job.version))
         request = e.finish(TableName=self.table.name, Item=job_item(stored))
         try:
             self.table.call("put_item", ReturnValuesOnConditionCheckFailure="ALL_OLD", **request)
@@ -374,7 +219,7 @@ class DynamoStore:
         """16 GSI2 queries (``DUE#<shard>``, ``GSI2SK <= before_ms``) in parallel, merged."""
         if limit <= 0:
             return []
-        items = self._gsi_shards("GSI2", [f"DUE#{n}" for n in range(SHARDS)], limit, "<=", _n(before_ms))
+        items = self._gsi_shards("GSI2", [f"DUE#{n}" for n in range(SHARDS)], limit, "<=", as_n(before_ms))
         jobs = sorted((job_from_item(i) for i in items), key=lambda j: (j.next_fire_ms or 0, j.job_id))
         return jobs[:limit]
 
@@ -407,7 +252,7 @@ class DynamoStore:
         newest matches, which reads every item."""
         e = Expr()
         if query.tenant_id is not None and query.job_id is None:
-            e.when("tenant_id", "=", _s(query.tenant_id))
+            e.when("tenant_id", "=", as_s(query.tenant_id))
         if query.states:
             e.when_in("state", [s.value for s in query.states])
         if query.dead_letter is not None:
@@ -420,22 +265,22 @@ class DynamoStore:
 
         if query.job_id is not None:
             if query.tenant_id is not None:
-                e.when("tenant_id", "=", _s(query.tenant_id))
+                e.when("tenant_id", "=", as_s(query.tenant_id))
             filters = e.take_filter()
             high = f"RUN#{after[0] - 1:020d}" if after is not None else "RUN#~"
-            key = f"{e.n('PK')} = {e.v(_s(f'JOB#{query.job_id}'))} AND {e.n('SK')} BETWEEN "
-            key += f"{e.v(_s('RUN#'))} AND {e.v(_s(high))}"
+            key = f"{e.n('PK')} = {e.v(as_s(f'JOB#{query.job_id}'))} AND {e.n('SK')} BETWEEN "
+            key += f"{e.v(as_s('RUN#'))} AND {e.v(as_s(high))}"
             request = e.finish(KeyConditionExpression=key, ScanIndexForward=False, ConsistentRead=True, **filters)
             items = [] if after is not None and after[0] <= 0 else self.table.query_all(want, **request)
         elif query.dead_letter:
-            bound = None if after is None else _n(after[0])
+            bound = None if after is None else as_n(after[0])
             partitions = [f"DEAD#{n}" for n in range(SHARDS)]
             items = self._gsi_shards("GSI1", partitions, want, "<=", bound, e, before_cursor, newest=True)
         else:
-            e.conditions.append(f"begins_with({e.n('PK')}, {e.v(_s('JOB#'))})")
-            e.conditions.append(f"begins_with({e.n('SK')}, {e.v(_s('RUN#'))})")
+            e.conditions.append(f"begins_with({e.n('PK')}, {e.v(as_s('JOB#'))})")
+            e.conditions.append(f"begins_with({e.n('SK')}, {e.v(as_s('RUN#'))})")
             if after is not None:
-                e.when("nominal_ms", "<=", _n(after[0]))
+                e.when("nominal_ms", "<=", as_n(after[0]))
             scan = e.finish(TotalSegments=SHARDS, **e.take_filter())
             segments = self.table.parallel(
                 lambda s: self.table.query_all(None, before_cursor, Segment=s, **scan), list(range(SHARDS))
@@ -447,7 +292,7 @@ class DynamoStore:
 
     def run_counts(self, job_id: str) -> dict[RunState, int]:
         e = Expr()
-        key = f"{e.n('PK')} = {e.v(_s(f'JOB#{job_id}'))} AND begins_with({e.n('SK')}, {e.v(_s('RUN#'))})"
+        key = f"{e.n('PK')} = {e.v(as_s(f'JOB#{job_id}'))} AND begins_with({e.n('SK')}, {e.v(as_s('RUN#'))})"
         request = e.finish(KeyConditionExpression=key, ProjectionExpression=e.n("state"), ConsistentRead=True)
         counts: dict[RunState, int] = {}
         for item in self.table.query_all(None, **request):
@@ -465,16 +310,16 @@ class DynamoStore:
             if key is None:
                 return None
             e = Expr()
-            e.set("state", _s(RunState.CLAIMED.value))
+            e.set("state", as_s(RunState.CLAIMED.value))
             e.add("fence")
             e.add("version")
-            e.set("lease_owner", _s(owner))
-            e.set("lease_expires_ms", _n(expires))
-            e.set("updated_ms", _n(now_ms))
-            e.set("GSI1PK", _s(f"{RunState.CLAIMED.value}#{shard_of(run_id)}"))
-            e.set("GSI1SK", _n(expires))
-            e.when("state", "=", _s(RunState.SCHEDULED.value))
-            e.when("due_ms", "<=", _n(now_ms))
+            e.set("lease_owner", as_s(owner))
+            e.set("lease_expires_ms", as_n(expires))
+            e.set("updated_ms", as_n(now_ms))
+            e.set("GSI1PK", as_s(f"{RunState.CLAIMED.value}#{shard_of(run_id)}"))
+            e.set("GSI1SK", as_n(expires))
+            e.when("state", "=", as_s(RunState.SCHEDULED.value))
+            e.when("due_ms", "<=", as_n(now_ms))
             try:
                 response = self.table.call(
                     "update_item", **e.update(TableName=self.table.name, Key=key, ReturnValues="ALL_NEW")
@@ -508,25 +353,25 @@ class DynamoStore:
         if key is None:
             return None
         e = Expr()
-        e.set("state", _s(t.to_state.value))
+        e.set("state", as_s(t.to_state.value))
         e.add("version")
         if t.bump_fence:
             e.add("fence")
         if t.at_ms is not None:
-            e.set("updated_ms", _n(t.at_ms))
+            e.set("updated_ms", as_n(t.at_ms))
         for name, value in t.changes.items():  # names are whitelisted by Transition
-            e.set(name, _field_value(name, value))
-        self._plan_gsi1(e, t)
+            e.set(name, field_value(name, value))
+        plan_gsi1(e, t)
         if len(t.expect) == 1:
-            e.when("state", "=", _s(next(iter(t.expect)).value))
+            e.when("state", "=", as_s(next(iter(t.expect)).value))
         else:
             e.when_in("state", [s.value for s in t.expect])
         if t.expect_fence is not None:
-            e.when("fence", "=", _n(t.expect_fence))
+            e.when("fence", "=", as_n(t.expect_fence))
         if t.expect_owner is not None:
-            e.when("lease_owner", "=", _s(t.expect_owner))
+            e.when("lease_owner", "=", as_s(t.expect_owner))
         if t.expect_version is not None:
-            e.when("version", "=", _n(t.expect_version))
+            e.when("version", "=", as_n(t.expect_version))
         try:
             response = self.table.call(
                 "update_item", **e.update(TableName=self.table.name, Key=key, ReturnValues="ALL_NEW")
@@ -540,54 +385,25 @@ class DynamoStore:
             self._move_job(run.job_id, t.job_status, t.at_ms)
         return run
 
-    @staticmethod
-    def _plan_gsi1(e: Expr, t: Transition) -> None:
-        """GSI1's keys in the transition's own expression, from what it knows; `_check_gsi1` repairs
-        the rare transition that cannot know (a leased state entered without a lease change)."""
-        changes = t.changes
-        if t.to_state in LEASED_STATES:
-            pk = _s(f"{t.to_state.value}#{shard_of(t.run_id)}")
-            if "lease_expires_ms" not in changes:
-                e.set("GSI1PK", pk)  # GSI1SK keeps the lease of the leased state it came from
-            elif changes["lease_expires_ms"] is None:
-                e.set("GSI1PK", None)
-                e.set("GSI1SK", None)
-            else:
-                e.set("GSI1PK", pk)
-                e.set("GSI1SK", _n(int(changes["lease_expires_ms"])))
-        elif t.to_state is RunState.SCHEDULED:
-            e.copy("GSI1PK", "GSI1PK_SCHEDULED")
-            if changes.get("due_ms") is not None:
-                e.set("GSI1SK", _n(int(changes["due_ms"])))
-            else:
-                e.copy("GSI1SK", "due_ms")
-        elif changes.get("dead_letter") is True:
-            e.set("GSI1PK", _s(f"DEAD#{shard_of(t.run_id)}"))
-            e.copy("GSI1SK", "nominal_ms")
-        elif "dead_letter" in changes or not t.expect <= _UNLEASED_END_STATES:
-            e.set("GSI1PK", None)
-            e.set("GSI1SK", None)
-        # else: an end state to an end state with dead_letter unchanged keeps its index entry.
-
     def _check_gsi1(self, key: Item, item: Item, run: Run) -> None:
         want = gsi1(run)
         have = (item.get("GSI1PK", {}).get("S"), item.get("GSI1SK", {}).get("N"))
         if have == ((None, None) if want is None else (want[0], str(want[1]))):
             return
         e = Expr()
-        e.set("GSI1PK", None if want is None else _s(want[0]))
-        e.set("GSI1SK", None if want is None else _n(want[1]))
+        e.set("GSI1PK", None if want is None else as_s(want[0]))
+        e.set("GSI1SK", None if want is None else as_n(want[1]))
         e.when("version", "=", item["version"])
         with contextlib.suppress(ConditionFailed):  # a later write moved the run on, with its own keys
             self.table.call("update_item", **e.update(TableName=self.table.name, Key=key))
 
     def _move_job(self, job_id: str, status: JobStatus, at_ms: int | None) -> None:
         e = Expr()
-        e.set("status", _s(status.value))
+        e.set("status", as_s(status.value))
         e.add("version")
         if at_ms is not None:
-            e.set("updated_ms", _n(at_ms))
-        e.set("GSI2PK", _s(f"DUE#{shard_of(job_id)}") if status is JobStatus.ACTIVE else None)
+            e.set("updated_ms", as_n(at_ms))
+        e.set("GSI2PK", as_s(f"DUE#{shard_of(job_id)}") if status is JobStatus.ACTIVE else None)
         e.when_in("status", _FINISHABLE)
         with contextlib.suppress(ConditionFailed):  # a paused, cancelled or missing job is left as it is
             self.table.call("update_item", **e.update(TableName=self.table.name, Key=job_key(job_id)))
@@ -598,7 +414,7 @@ class DynamoStore:
         if limit <= 0:
             return []
         partitions = [f"{s.value}#{n}" for s in sorted(LEASED_STATES) for n in range(SHARDS)]
-        runs = [run_from_item(i) for i in self._gsi_shards("GSI1", partitions, limit, "<", _n(now_ms))]
+        runs = [run_from_item(i) for i in self._gsi_shards("GSI1", partitions, limit, "<", as_n(now_ms))]
         return sorted(runs, key=lambda r: (r.lease_expires_ms or 0, r.run_id))[:limit]
 
     def overdue_runs(self, before_ms: int, limit: int) -> list[Run]:
@@ -610,7 +426,7 @@ class DynamoStore:
                 break
             left = limit - len(found)
             partitions = [f"SCHEDULED#{priority.value}#{n}" for n in range(SHARDS)]
-            runs = [run_from_item(i) for i in self._gsi_shards("GSI1", partitions, left, "<=", _n(before_ms))]
+            runs = [run_from_item(i) for i in self._gsi_shards("GSI1", partitions, left, "<=", as_n(before_ms))]
             found.extend(sorted(runs, key=lambda r: (r.due_ms, r.run_id))[:left])
         return found
 
@@ -638,31 +454,33 @@ class DynamoStore:
         values = base.pop("ExpressionAttributeValues", {})
 
         def one(partition: str) -> list[Item]:
-            return self.table.query_all(limit, keep, ExpressionAttributeValues={**values, ":pk": _s(partition)}, **base)
+            return self.table.query_all(
+                limit, keep, ExpressionAttributeValues={**values, ":pk": as_s(partition)}, **base
+            )
 
         return [item for rows in self.table.parallel(one, partitions) for item in rows]
 
     # -- idempotency and workers ---------------------------------------------------------------
 
     def idempotency(self, tenant_id: str, key: str, now_ms: int) -> IdempotencyRecord | None:
-        item = self._get(_idempotency_pk(tenant_id, key), "IDEM")
-        record = None if item is None else _flat_record(IdempotencyRecord, item)
+        item = self._get(idempotency_pk(tenant_id, key), "IDEM")
+        record = None if item is None else flat_record(IdempotencyRecord, item)
         return record if record is not None and record.expires_ms > now_ms else None
 
     def register_worker(self, worker_id: str, tasks: Sequence[str], queues: Sequence[str], now_ms: int) -> None:
         item = {
-            "PK": _s(_WORKERS_PK),
-            "SK": _s(worker_id),
-            "tasks": {"L": [_s(t) for t in sorted(tasks)]},
-            "queues": {"L": [_s(q) for q in queues]},
-            "seen_ms": _n(now_ms),
+            "PK": as_s(WORKERS_PK),
+            "SK": as_s(worker_id),
+            "tasks": {"L": [as_s(t) for t in sorted(tasks)]},
+            "queues": {"L": [as_s(q) for q in queues]},
+            "seen_ms": as_n(now_ms),
         }
         self.table.call("put_item", TableName=self.table.name, Item=item)
 
     def known_tasks(self) -> set[str]:
         e = Expr()
         request = e.finish(
-            KeyConditionExpression=f"{e.n('PK')} = {e.v(_s(_WORKERS_PK))}",
+            KeyConditionExpression=f"{e.n('PK')} = {e.v(as_s(WORKERS_PK))}",
             ProjectionExpression=e.n("tasks"),
             ConsistentRead=True,
         )
@@ -673,8 +491,8 @@ class DynamoStore:
     def put_token(self, token: ApiToken) -> None:
         """The token and its hash's lookup item in one transaction, each only if absent."""
         items = [
-            self._put_if_absent(_flat_item(token, _TOKENS_PK, token.token_id)),
-            self._put_if_absent(_flat_item(token, f"TOKENHASH#{token.token_hash}", "TOKENHASH")),
+            self._put_if_absent(flat_item(token, TOKENS_PK, token.token_id)),
+            self._put_if_absent(flat_item(token, f"TOKENHASH#{token.token_hash}", "TOKENHASH")),
         ]
         try:
             self.table.call("transact_write_items", TransactItems=items, ClientRequestToken=uuid.uuid4().hex)
@@ -684,27 +502,27 @@ class DynamoStore:
             raise exc.unexpected(f"storing token {token.token_id!r}") from None
 
     def find_token(self, token_hash: str) -> ApiToken | None:
-        key = _token_hash_key(token_hash)
+        key = token_hash_key(token_hash)
         item = self._get(key["PK"]["S"], key["SK"]["S"])
-        return None if item is None else _flat_record(ApiToken, item)
+        return None if item is None else flat_record(ApiToken, item)
 
     def list_tokens(self, tenant_id: str | None = None) -> list[ApiToken]:
         e = Expr()
-        request = e.finish(KeyConditionExpression=f"{e.n('PK')} = {e.v(_s(_TOKENS_PK))}", ConsistentRead=True)
-        tokens = [_flat_record(ApiToken, i) for i in self.table.query_all(None, **request)]
+        request = e.finish(KeyConditionExpression=f"{e.n('PK')} = {e.v(as_s(TOKENS_PK))}", ConsistentRead=True)
+        tokens = [flat_record(ApiToken, i) for i in self.table.query_all(None, **request)]
         mine = [t for t in tokens if tenant_id is None or t.tenant_id == tenant_id]
         return sorted(mine, key=lambda t: (t.created_ms, t.token_id))
 
     def revoke_token(self, token_id: str, now_ms: int) -> bool:
         """Both copies of the token in one transaction, conditional on it being active."""
-        item = self._get(_TOKENS_PK, token_id)
+        item = self._get(TOKENS_PK, token_id)
         if item is None or "revoked_ms" in item:
             return False
-        token = _flat_record(ApiToken, item)
+        token = flat_record(ApiToken, item)
         updates = []
-        for key in ({"PK": _s(_TOKENS_PK), "SK": _s(token_id)}, _token_hash_key(token.token_hash)):
+        for key in ({"PK": as_s(TOKENS_PK), "SK": as_s(token_id)}, token_hash_key(token.token_hash)):
             e = Expr()
-            e.set("revoked_ms", _n(now_ms))
+            e.set("revoked_ms", as_n(now_ms))
             e.conditions.append(f"attribute_exists(PK) AND attribute_not_exists({e.n('revoked_ms')})")
             updates.append({"Update": e.update(TableName=self.table.name, Key=key)})
         try:
@@ -719,9 +537,9 @@ class DynamoStore:
         """One UpdateItem: ``SET webhook_secret = if_not_exists(webhook_secret, candidate)``."""
         e = Expr()
         secret = e.n("webhook_secret")
-        e.sets.append(f"{secret} = if_not_exists({secret}, {e.v(_s(candidate))})")
-        e.set("tenant_id", _s(tenant_id))
-        key = {"PK": _s(f"TENANT#{_tenant(tenant_id)}"), "SK": _s("SECRET")}
+        e.sets.append(f"{secret} = if_not_exists({secret}, {e.v(as_s(candidate))})")
+        e.set("tenant_id", as_s(tenant_id))
+        key = {"PK": as_s(f"TENANT#{tenant_segment(tenant_id)}"), "SK": as_s("SECRET")}
         response = self.table.call(
             "update_item", **e.update(TableName=self.table.name, Key=key, ReturnValues="ALL_NEW")
         )
@@ -730,7 +548,7 @@ class DynamoStore:
     def _get(self, pk: str, sk: str) -> Item | None:
         """A strongly consistent GetItem; None when absent."""
         response = self.table.call(
-            "get_item", TableName=self.table.name, Key={"PK": _s(pk), "SK": _s(sk)}, ConsistentRead=True
+            "get_item", TableName=self.table.name, Key={"PK": as_s(pk), "SK": as_s(sk)}, ConsistentRead=True
         )
         item: Item | None = response.get("Item")
         return item
