@@ -25,7 +25,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from jobq.errors import ConfigError, TransportError, TransportUnavailable
-from jobq.transport.kombu import BrokerMessage, KombuConnection, quietly, translate_kombu_error
+from jobq.transport.kombu.broker import BrokerMessage, KombuConnection, quietly, translate_kombu_error
 
 # SQS limits: 10 entries per batch call, 256 KiB per batch (AWS has raised the message limit to
 # 1 MiB, but older regions and emulators keep 256 KiB), visibility timeouts in whole seconds up

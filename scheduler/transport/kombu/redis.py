@@ -1,0 +1,228 @@
+"""The Redis broker behind `KombuTransport` (`redis://`): lists through kombu's Redis channel, with
+kombu's ack emulation (an `unacked` hash and index under jobq's prefix) and a delivery count that
+jobq's channel keeps in each message's headers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from jobq.errors import TransportError, TransportUnavailable
+from jobq.transport.kombu.broker import (
+    BrokerMessage,
+    KombuConnection,
+    KombuProducer,
+    as_bytes,
+    quietly,
+    translate_kombu_error,
+)
+
+# Counted by jobq's Redis channel in the message headers, so the count travels with the message
+# through kombu's unacked hash and back onto the list.
+_DELIVERY_COUNT_HEADER = "x-jobq-delivery-count"
+
+# Redis: at most this many overdue deliveries are restored per consume.
+_RESTORE_BATCH = 100
+
+
+@functools.cache
+def _redis_transport_class() -> type:
+    """kombu's Redis transport with a channel that counts deliveries in a message header and
+    reuses one redis-py client."""
+    from kombu.transport import redis as kombu_redis
+
+    base_channel: Any = kombu_redis.Channel
+    base_transport: Any = kombu_redis.Transport
+
+    class CountingChannel(base_channel):  # type: ignore[misc]
+        _jobq_client: Any = None
+
+        @contextlib.contextmanager
+        def conn_or_acquire(self, client: Any = None) -> Iterator[Any]:
+            # kombu builds a new redis-py client object (on the same pool) for every command,
+            # which costs more CPU than the command's round trip; one per pool does the same.
+            if client:
+                yield client
+                return
+            pool = self.pool
+            if self._jobq_client is None or self._jobq_client.connection_pool is not pool:
+                self._jobq_client = self._create_client()
+            yield self._jobq_client
+
+        def _get(self, queue: str, timeout: float | None = None) -> dict[str, Any]:
+            payload: dict[str, Any] = super()._get(queue)
+            # kombu stores this payload in its unacked hash and pushes it back on restore, so the
+            # count survives redeliveries and consumers that die.
+            headers = payload.get("headers") or {}
+            headers[_DELIVERY_COUNT_HEADER] = int(headers.get(_DELIVERY_COUNT_HEADER, 0)) + 1
+            payload["headers"] = headers
+            return payload
+
+    class JobqRedisTransport(base_transport):  # type: ignore[misc]
+        Channel = CountingChannel
+
+    return JobqRedisTransport
+
+
+class RedisBroker:
+    """Lists through kombu's Redis channel, with kombu's ack emulation (`unacked` hash and index)."""
+
+    thread_safe = False
+    long_poll = False
+    default_poll_interval_s = 0.05
+
+    def __init__(
+        self, url: str, options: Mapping[str, Any], visibility_timeout_s: float, prefix: str, connect_retries: int
+    ) -> None:
+        self._url = url
+        self._visibility_s = visibility_timeout_s
+        self._retries = connect_retries
+        self._options: dict[str, Any] = {
+            # One list per queue: jobq has a queue per tier, so kombu's per-priority sub-lists
+            # would only multiply the round trips of every poll.
+            "priority_steps": [0],
+            # Our own unacked keys, so restores never touch another application's (or prefix's).
+            "unacked_key": f"{prefix}-unacked",
+            "unacked_index_key": f"{prefix}-unacked_index",
+            "unacked_mutex_key": f"{prefix}-unacked_mutex",
+            # A consumer killed while restoring blocks restores for this long (kombu's default: 300 s).
+            "unacked_mutex_expire": 10,
+            "socket_timeout": 10,
+            "socket_connect_timeout": 5,
+            "client_name": prefix,
+            **options,
+            "visibility_timeout": visibility_timeout_s,
+        }
+        # Overdue deliveries return at most this late: a quarter of the timeout, within bounds.
+        self._restore_every_s = min(max(visibility_timeout_s / 4, 0.05), 10.0)
+        self._next_restore = float("-inf")  # time.monotonic() of the next restore
+        self._connection: Any = None
+        self._channel: Any = None
+
+    def publish(self, name: str, bodies: Sequence[bytes]) -> None:
+        channel = self._open()
+        producer = KombuProducer(channel, auto_declare=False)
+        # kombu's batch sends the pushes in one pipeline (or one by one where it cannot).
+        with producer.batch(max_size=500):
+            for body in bodies:
+                producer.publish(
+                    body,
+                    exchange="",
+                    routing_key=name,
+                    content_type="application/octet-stream",
+                    content_encoding="binary",
+                    delivery_mode=2,
+                )
+
+    def get(self, name: str, limit: int, wait_s: int) -> list[BrokerMessage]:
+        channel = self._open()
+        found: list[BrokerMessage] = []
+        while len(found) < limit:
+            message = channel.basic_get(name, no_ack=False)
+            if message is None:
+                break
+            tag = str(message.delivery_tag)
+            count = int((message.headers or {}).get(_DELIVERY_COUNT_HEADER, 1))
+            found.append(BrokerMessage(tag, tag, as_bytes(message.body), count))
+        return found
+
+    def ack(self, name: str, handles: Sequence[object]) -> None:
+        channel = self._open()
+        for tag in handles:
+            channel.basic_ack(tag)
+
+    def requeue(self, name: str, handles: Sequence[object], delay_s: float) -> None:
+        channel = self._open()
+        if delay_s <= 0:
+            for tag in handles:
+                channel.basic_reject(tag, requeue=True)
+        else:
+            self._hide(channel, handles, delay_s)
+
+    def extend(self, name: str, handles: Sequence[object], visibility_s: float) -> None:
+        self._hide(self._open(), handles, visibility_s)
+
+    def depth(self, name: str) -> int:
+        channel = self._open()
+        with channel.conn_or_acquire() as client:
+            waiting = int(client.llen(name))
+            # kombu keeps every unacked delivery of the prefix in one hash of [payload, exchange,
+            # routing key]; the routing key is the queue. O(deliveries in flight). kombu's client
+            # adds `global_keyprefix` to the commands kombu uses, which do not include HVALS.
+            unacked_key = channel.global_keyprefix + channel.unacked_key
+            held = sum(1 for raw in client.hvals(unacked_key) if json.loads(raw)[2] == name)
+        return waiting + held
+
+    def maintain(self) -> None:
+        now = time.monotonic()
+        if now < self._next_restore:
+            return
+        self._next_restore = now + self._restore_every_s
+        # Pushes back every delivery whose unacked_index score is older than the visibility
+        # timeout. kombu only runs this from its event loop, which jobq does not use.
+        self._open().qos.restore_visible(num=_RESTORE_BATCH, interval=1)
+
+    def translate(self, exc: Exception) -> tuple[TransportError, bool] | None:
+        import redis.exceptions as redis_errors
+
+        if isinstance(exc, redis_errors.AuthenticationError | redis_errors.AuthorizationError):
+            return TransportError(str(exc)), True
+        if isinstance(exc, redis_errors.ConnectionError | redis_errors.TimeoutError | OSError):
+            return TransportUnavailable(str(exc)), True
+        if isinstance(exc, redis_errors.BusyLoadingError | redis_errors.ReadOnlyError | redis_errors.TryAgainError):
+            return TransportUnavailable(str(exc)), False
+        if isinstance(exc, redis_errors.ResponseError) and str(exc).startswith(("OOM", "MASTERDOWN", "LOADING")):
+            return TransportUnavailable(str(exc)), False
+        if isinstance(exc, redis_errors.RedisError):
+            return TransportError(str(exc)), False
+        return translate_kombu_error(exc)
+
+    def reset(self) -> None:
+        if self._channel is not None:
+            # Closing would push back every delivery this channel holds while we still work on
+            # them; they stay in Redis's unacked hash and their tags work on the next channel.
+            self._channel.do_restore = False
+            with quietly("close the Redis channel"):
+                self._channel.close()
+        if self._connection is not None:
+            with quietly("close the Redis connection"):
+                self._connection.release()
+        self._channel = self._connection = None
+
+    def close(self, held: Mapping[str, Sequence[object]]) -> None:
+        if self._channel is not None:
+            with quietly("restore unacked deliveries"):
+                self._channel.close()  # kombu pushes this channel's unacked deliveries back
+        if self._connection is not None:
+            with quietly("close the Redis connection"):
+                self._connection.release()
+        self._channel = self._connection = None
+
+    def _open(self) -> Any:
+        if self._channel is None:
+            connection = KombuConnection(self._url, transport=_redis_transport_class(), transport_options=self._options)
+            try:
+                connection.ensure_connection(max_retries=self._retries, interval_start=0.1, interval_step=0.5)
+                self._channel = connection.channel()
+            except BaseException:
+                with quietly("close the Redis connection"):
+                    connection.release()
+                raise
+            self._connection = connection
+        return self._channel
+
+    def _hide(self, channel: Any, tags: Sequence[object], seconds: float) -> None:
+        # kombu restores a delivery once its unacked_index score (the time it was taken) is older
+        # than the visibility timeout; moving the score moves that moment. XX: a delivery already
+        # restored or acked is not brought back.
+        score = time.time() + seconds - self._visibility_s
+        with channel.conn_or_acquire() as client:
+            client.zadd(channel.unacked_index_key, dict.fromkeys(map(str, tags), score), xx=True)
+        # Restore when they are due rather than at the next periodic restore. (Other processes
+        # restore them at their own pace: within a quarter of the timeout, 10 s at most.)
+        self._next_restore = min(self._next_restore, time.monotonic() + seconds)
