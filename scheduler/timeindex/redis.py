@@ -29,11 +29,8 @@ where a member costs its own bytes plus about 3. Hence:
 * Sub-buckets. A minute is split into sub-buckets of at most `FILL` (100) runs. Each index object
   fills its own (`<sub>` = a random tag of the object + a counter), so adders need no coordination,
   and a spike at the top of the hour only makes more buckets, never a skiplist.
-* Compact members. A `jobq.ids` run id (`job_<26 base32>:<ms>`, 44 characters) is stored in 22
-  bytes: 16 for the 128-bit job id, 6 for the fire time. Any other id is stored verbatim behind a
-  0xFF byte, which never starts a compact member, so every id round-trips exactly.
-* Small scores. A score is `due_ms - (minute start + 30 s)`, which fits the listpack's 16-bit
-  integer encoding.
+* Compact members and small scores: 22 bytes for a `jobq.ids` run id, and scores within a 16-bit
+  integer (`jobq.timeindex.redis_codec`).
 
 Measured on Redis 7.0 at 1,000,000 runs (`benchmarks/redis_index.py`): 53 B per run by `INFO
 memory` (52 B by `MEMORY USAGE`), every bucket and id-directory shard a listpack, 98 runs per
@@ -67,37 +64,45 @@ On a cluster, where a pipeline has no order across nodes, each of those steps is
 trip.
 
 Scanners. `RedisTimeIndex(..., scanner_id=...)`, or `index.for_scanner(id)`, claims only the
-buckets it owns. Each scanner heartbeats into `<prefix>:scanners`, and a bucket belongs to the
-live scanner with the highest rendezvous hash of (scanner, bucket). When a scanner stops
-heartbeating, its buckets pass to the others within `membership_ttl_s`. While views differ, two
-scanners may both claim a bucket: the Lua claim and the confirmation still return each run at most
-once, and the store's conditional claim decides the rest.
+buckets it owns (`jobq.timeindex.redis_scanners`). Every redis-py call goes through one door
+(`jobq.timeindex.redis_door`), which translates redis errors into `StoreUnavailable`/`StoreError`.
 """
 
 from __future__ import annotations
 
-import hashlib
-import importlib.resources
 import itertools
 import logging
-import re
 import secrets
 import threading
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from functools import lru_cache
-from typing import Any, Protocol
+from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from jobq.clock import SYSTEM_CLOCK, Clock
 from jobq.errors import ConfigError, StoreError, StoreUnavailable
 from jobq.models import PRIORITIES_BY_RANK, Priority
 from jobq.ports import IndexEntry
+from jobq.timeindex.redis_codec import (
+    BIAS_MS,
+    CROCKFORD,
+    MINUTE_MS,
+    base_ms,
+    copy_tag,
+    decode_member,
+    encode_member,
+    id_hash,
+    label_minute,
+    minute_label,
+)
+from jobq.timeindex.redis_door import CLAIM, CONFIRM, Command, Door, RedisClient, as_text, with_scores
+from jobq.timeindex.redis_scanners import ScannerMembership
 from jobq.wiring import require
 
 __all__ = [
+    "CLAIM",
+    "CONFIRM",
     "DEFAULT_CAPACITY",
     "FILL",
     "RedisTimeIndex",
@@ -111,264 +116,16 @@ log = logging.getLogger("jobq.timeindex.redis")
 FILL = 100  # members per bucket: under zset-max-listpack-entries (128 by default), so buckets stay listpacks
 DEFAULT_CAPACITY = 1_000_000
 BUCKET_TTL_S = 4 * 3600
-_MINUTE_MS = 60_000
-_BIAS_MS = 30_000  # score = due - (minute start + 30 s): within ±30,000, a 16-bit listpack integer
 _MAX_DUE_MS = 253_402_300_800_000  # 10000-01-01: the YYYYMMDDHHMM key has four year digits
 _WINDOW = 256  # directory entries read per tier per query when scanners share the buckets
 _PEEK_BUCKETS = 4  # next_due_ms looks at the heads of this many buckets...
 _PEEK_MEMBERS = 8  # ...and this many members of each, then settles for a lower bound
 _MAX_ROUNDS = 64  # claim rounds per call; a full batch makes the scanner call again at once
 
-Command = tuple[Any, ...]
-
-
-# -- members ---------------------------------------------------------------------------------------
-
-_CROCKFORD = "0123456789abcdefghjkmnpqrstvwxyz"  # jobq.ids' alphabet
-_TO_PYTHON_BASE32 = str.maketrans(_CROCKFORD, "0123456789abcdefghijklmnopqrstuv")  # int(x, 32) digits
-_DIGIT_PAIRS = [a + b for a in _CROCKFORD for b in _CROCKFORD]  # 10 bits -> two digits
-_COMPACT_ID = re.compile(r"job_([0-7][0-9a-hjkmnp-tv-z]{25}):(0|[1-9][0-9]{0,14})", re.ASCII)
-_VERBATIM = 0xFF  # first byte of a member holding the id as UTF-8; compact members start lower
-
-
-def encode_member(run_id: str) -> bytes:
-    """The sorted-set member for `run_id`: 22 bytes for a `jobq.ids` run id, else 0xFF + UTF-8.
-
-    Deterministic, so adding a run again to the same bucket moves it instead of copying it."""
-    match = _COMPACT_ID.fullmatch(run_id)
-    if match:
-        job = int(match.group(1).translate(_TO_PYTHON_BASE32), 32)  # < 2**128: the first digit is 0-7
-        fire_ms = int(match.group(2))
-        if job >> 120 < _VERBATIM and fire_ms < 1 << 48:
-            return job.to_bytes(16, "big") + fire_ms.to_bytes(6, "big")
-    return bytes([_VERBATIM]) + run_id.encode("utf-8", "surrogatepass")
-
-
-def decode_member(member: bytes) -> str:
-    """The run id `encode_member` was given."""
-    if member[0] == _VERBATIM:
-        return member[1:].decode("utf-8", "surrogatepass")
-    job = int.from_bytes(member[:16], "big")
-    digits = "".join([_DIGIT_PAIRS[(job >> shift) & 1023] for shift in range(120, -1, -10)])  # 26 digits
-    return f"job_{digits}:{int.from_bytes(member[16:], 'big')}"
-
-
-def _id_hash(run_id: str) -> int:
-    """63 bits, so Redis stores the directory field as an integer (10 bytes in a listpack)."""
-    return int.from_bytes(hashlib.blake2b(run_id.encode("utf-8", "surrogatepass"), digest_size=8).digest()) >> 1
-
-
-def _copy_tag(priority: str, suffix: str, score: int) -> int:
-    """31 bits naming one copy of a run (its bucket and score); an int32 in the listpack."""
-    return int.from_bytes(hashlib.blake2b(f"{priority}:{suffix}:{score}".encode(), digest_size=4).digest()) >> 1
-
-
-@lru_cache(maxsize=8192)
-def _minute_label(minute: int) -> str:
-    return datetime.fromtimestamp(minute * 60, UTC).strftime("%Y%m%d%H%M")
-
-
-@lru_cache(maxsize=8192)
-def _label_minute(label: str) -> int:
-    return int(datetime.strptime(label, "%Y%m%d%H%M").replace(tzinfo=UTC).timestamp()) // 60
-
-
-def _base_ms(suffix: str) -> int:
-    """The score origin of the bucket `<M>:<sub>`: its minute's start plus the bias."""
-    return _label_minute(suffix[:12]) * _MINUTE_MS + _BIAS_MS
-
 
 def _id_shards_for(capacity: int) -> int:
     """A power of two near capacity / 64: shards then average ~60 fields, well inside a listpack."""
     return 1 << max(0, (capacity - 1) // 64).bit_length()
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
-def _pairs(reply: list[Any]) -> list[Any]:
-    """(member, score) pairs from a WITHSCORES reply, whether redis-py paired it or not."""
-    if reply and not isinstance(reply[0], list | tuple):
-        return list(zip(reply[::2], reply[1::2], strict=True))
-    return reply
-
-
-# -- the redis-py edge ------------------------------------------------------------------------------
-
-
-class RedisClient(Protocol):
-    """What the index needs of a client: `redis.Redis`, `redis.RedisCluster` or a fakeredis double."""
-
-    def pipeline(self, transaction: bool = ...) -> Any: ...
-
-    def script_load(self, script: str) -> Any: ...
-
-    def close(self) -> None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class _Script:
-    source: str
-    sha: str
-
-    @classmethod
-    def load(cls, name: str) -> _Script:
-        source = importlib.resources.files("jobq.timeindex").joinpath(name).read_text(encoding="utf-8")
-        return cls(source, hashlib.sha1(source.encode()).hexdigest())
-
-
-CLAIM = _Script.load("claim.lua")
-CONFIRM = _Script.load("confirm.lua")
-
-
-class _Door:
-    """The only place redis-py is called: ordered batches, script calls that survive a script
-    cache flush, and redis errors translated into jobq's."""
-
-    def __init__(self, client: RedisClient) -> None:
-        redis = require("redis", "redis", "the Redis time index")
-        self.client = client
-        self.cluster = isinstance(client, redis.RedisCluster)
-        self._errors: Any = redis.exceptions
-        self._caught: tuple[type[BaseException], ...] = (
-            redis.exceptions.RedisError,
-            redis.exceptions.RedisClusterException,
-        )
-        self._lock = threading.Lock()
-        self.round_trips = 0
-
-    def run(self, *phases: Sequence[Command]) -> list[list[Any]]:
-        """Execute the phases in order and return each phase's replies.
-
-        Standalone, all phases share one pipeline: one round trip, in order. On a cluster a
-        pipeline is split by node with no order between nodes, so each phase is its own round trip.
-        Raises `StoreUnavailable` (retryable) or `StoreError`."""
-        groups = [[c for phase in phases for c in phase]] if not self.cluster else [list(p) for p in phases]
-        replies: list[Any] = []
-        try:
-            for group in groups:
-                replies.extend(self._pipeline(group) if group else [])
-        except self._caught as exc:
-            raise self._translate(exc) from exc
-        out: list[list[Any]] = []
-        start = 0
-        for phase in phases:
-            out.append(replies[start : start + len(phase)])
-            start += len(phase)
-        return out
-
-    def _pipeline(self, commands: list[Command]) -> list[Any]:
-        replies = self._execute(commands)
-        missing = [i for i, r in enumerate(replies) if isinstance(r, self._errors.NoScriptError)]
-        if missing:  # a restart, SCRIPT FLUSH or failover emptied the script cache: load and redo those
-            for script in (CLAIM, CONFIRM):
-                self.client.script_load(script.source)  # to every primary, on a cluster
-            for i, reply in zip(missing, self._execute([commands[i] for i in missing]), strict=True):
-                replies[i] = reply
-        for reply in replies:
-            if isinstance(reply, Exception):
-                raise reply
-        return replies
-
-    def _execute(self, commands: list[Command]) -> list[Any]:
-        pipe = self.client.pipeline(transaction=False)
-        for command in commands:
-            pipe.execute_command(*command)
-        with self._lock:
-            self.round_trips += 1
-        replies: list[Any] = pipe.execute(raise_on_error=False)
-        return replies
-
-    def _translate(self, exc: BaseException) -> StoreError:
-        e = self._errors
-        down = (
-            e.ConnectionError,
-            e.TimeoutError,
-            e.BusyLoadingError,
-            e.ReadOnlyError,
-            e.ClusterDownError,
-            e.TryAgainError,
-            e.MasterDownError,
-        )
-        if isinstance(exc, down):
-            return StoreUnavailable(f"time index: Redis unavailable: {exc}")
-        return StoreError(f"time index: Redis refused a command: {type(exc).__name__}: {exc}")
-
-    def close(self) -> None:
-        try:
-            self.client.close()
-        except self._caught as exc:
-            log.debug("closing the Redis client failed: %s", exc)
-
-
-# -- scanners ---------------------------------------------------------------------------------------
-
-
-class ScannerMembership:
-    """The live scanners, and which buckets each one owns.
-
-    Each scanner heartbeats into one sorted set (member: scanner id, score: last heartbeat ms).
-    A scanner is live while its heartbeat is younger than `ttl_ms`; members silent for ten TTLs
-    are deleted. A bucket belongs to the live scanner with the highest rendezvous hash of
-    (scanner id, bucket), so when a scanner joins or leaves only the buckets it gains or loses
-    move. Views refresh with each heartbeat; while two scanners' views differ a bucket may be
-    claimed by both, which is harmless (claims are atomic), or briefly by neither."""
-
-    def __init__(self, door: _Door, key: str, scanner_id: str, ttl_ms: int) -> None:
-        if ttl_ms <= 0:
-            raise ConfigError("membership_ttl_s", ttl_ms / 1000, "must be positive")
-        self._door = door
-        self.key = key
-        self.scanner_id = scanner_id
-        self.ttl_ms = ttl_ms
-        self._live: tuple[str, ...] = (scanner_id,)
-        self._beat_ms: int | None = None
-
-    @property
-    def live(self) -> tuple[str, ...]:
-        """The live scanners as of the last heartbeat (just this one before the first)."""
-        return self._live
-
-    def heartbeat(self, now_ms: int) -> tuple[str, ...]:
-        """Record this scanner as alive at `now_ms` and reload the live set (one round trip)."""
-        (replies,) = self._door.run(
-            [
-                ("ZADD", self.key, now_ms, self.scanner_id),
-                ("ZREMRANGEBYSCORE", self.key, "-inf", f"({now_ms - 10 * self.ttl_ms}"),
-                ("PEXPIRE", self.key, 10 * self.ttl_ms),
-                ("ZRANGEBYSCORE", self.key, f"({now_ms - self.ttl_ms}", "+inf"),
-            ]
-        )
-        live = {_text(m) for m in replies[3]} | {self.scanner_id}
-        self._live = tuple(sorted(live))
-        self._beat_ms = now_ms
-        return self._live
-
-    def refresh(self, now_ms: int) -> None:
-        """Heartbeat when a third of the TTL has passed since the last one (or time went back)."""
-        if self._beat_ms is None or not 0 <= now_ms - self._beat_ms < self.ttl_ms // 3:
-            self.heartbeat(now_ms)
-
-    def owner(self, bucket: str) -> str:
-        return max(self._live, key=lambda scanner: (_rendezvous(scanner, bucket), scanner))
-
-    def owns(self, bucket: str) -> bool:
-        return len(self._live) == 1 or self.owner(bucket) == self.scanner_id
-
-    def owned_buckets(self, buckets: Iterable[str]) -> list[str]:
-        return [b for b in buckets if self.owns(b)]
-
-    def leave(self) -> None:
-        """Drop out of the live set now, so the others take over without waiting for the TTL."""
-        self._door.run([("ZREM", self.key, self.scanner_id)])
-
-
-def _rendezvous(scanner_id: str, bucket: str) -> int:
-    return int.from_bytes(hashlib.blake2b(f"{scanner_id}\0{bucket}".encode(), digest_size=8).digest())
-
-
-# -- the index --------------------------------------------------------------------------------------
 
 
 @dataclass(slots=True)
@@ -405,7 +162,7 @@ class RedisTimeIndex:
         self.prefix = prefix
         self.capacity = capacity
         self.clock = clock
-        self._door = _Door(client)
+        self._door = Door(client)
         self._owns_client = owns_client
         self._membership_ttl_s = membership_ttl_s
         self.membership = (
@@ -415,7 +172,7 @@ class RedisTimeIndex:
         )
         self._id_shards: int | None = None
         self._lock = threading.Lock()
-        self._tag = "".join(secrets.choice(_CROCKFORD) for _ in range(5))  # this object's sub-buckets
+        self._tag = "".join(secrets.choice(CROCKFORD) for _ in range(5))  # this object's sub-buckets
         self._seq = itertools.count()
         self._fills: dict[tuple[int, int], list[int]] = {}  # (rank, minute) -> [sub number, members added]
         # Buckets whose directory bound next_due_ms found to be the due time of a live run. Trusted
@@ -550,11 +307,11 @@ class RedisTimeIndex:
         heads: dict[tuple[Priority, str], int] = {}
         with self._lock:
             for e in entries:
-                minute = e.due_ms // _MINUTE_MS
-                suffix = f"{_minute_label(minute)}:{self._sub(e.priority.rank, minute)}"
-                score = e.due_ms - minute * _MINUTE_MS - _BIAS_MS
-                field = _id_hash(e.run_id)
-                pointers[f"{self.prefix}:ids:{field % shards}"][field] = _copy_tag(e.priority.value, suffix, score)
+                minute = e.due_ms // MINUTE_MS
+                suffix = f"{minute_label(minute)}:{self._sub(e.priority.rank, minute)}"
+                score = e.due_ms - minute * MINUTE_MS - BIAS_MS
+                field = id_hash(e.run_id)
+                pointers[f"{self.prefix}:ids:{field % shards}"][field] = copy_tag(e.priority.value, suffix, score)
                 buckets[(e.priority, suffix)][encode_member(e.run_id)] = score
                 heads[(e.priority, suffix)] = min(e.due_ms, heads.get((e.priority, suffix), e.due_ms))
         # The directory entry first, then the copy, then the bound: a claimer never meets a copy
@@ -567,7 +324,7 @@ class RedisTimeIndex:
         for (priority, suffix), members in buckets.items():
             key = self.bucket_key(priority, suffix)
             copies.append(("ZADD", key, *itertools.chain.from_iterable((s, m) for m, s in members.items())))
-            minute_end_s = (_label_minute(suffix[:12]) + 1) * 60
+            minute_end_s = (label_minute(suffix[:12]) + 1) * 60
             copies.append(("EXPIREAT", key, max(minute_end_s + BUCKET_TTL_S, expire_floor_s)))
             bounds[priority] += (heads[(priority, suffix)], suffix)
         lowered: list[Command] = [("ZADD", self._directory(p), "LT", *pairs) for p, pairs in bounds.items()]
@@ -628,7 +385,7 @@ class RedisTimeIndex:
         self._checked.clear()
         by_shard: dict[str, list[int]] = defaultdict(list)
         for run_id in run_ids:
-            field = _id_hash(run_id)
+            field = id_hash(run_id)
             by_shard[self._ids_key(field)].append(field)
         self._door.run([("HDEL", key, *fields) for key, fields in by_shard.items()])
 
@@ -649,7 +406,7 @@ class RedisTimeIndex:
         offers: list[int] = []  # due times, or lower bounds of them; the answer is the least
         candidates: list[tuple[int, Priority, str]] = []
         for priority, window in zip(PRIORITIES_BY_RANK, windows, strict=True):
-            listed = [(int(bound), _text(suffix)) for suffix, bound in _pairs(window)]
+            listed = [(int(bound), as_text(suffix)) for suffix, bound in with_scores(window)]
             if len(listed) == width:
                 offers.append(listed[-1][0])  # buckets past the window have bounds at least this
             candidates += [(bound, priority, suffix) for bound, suffix in listed if owns(priority, suffix)]
@@ -665,11 +422,11 @@ class RedisTimeIndex:
         )
         shown: list[tuple[int, _Copy, int]] = []  # peeked bucket, copy, due ms
         for i, ((_, priority, suffix), members) in enumerate(zip(peeked, heads, strict=True)):
-            base = _base_ms(suffix)
-            for member, score in _pairs(members):
+            base = base_ms(suffix)
+            for member, score in with_scores(members):
                 run_id = decode_member(member)
-                tag = _copy_tag(priority.value, suffix, int(score))
-                shown.append((i, _Copy(run_id, _id_hash(run_id), tag), base + int(score)))
+                tag = copy_tag(priority.value, suffix, int(score))
+                shown.append((i, _Copy(run_id, id_hash(run_id), tag), base + int(score)))
         (tags,) = self._door.run([("HGET", self._ids_key(c.field), c.field) for _, c, _ in shown])
         live: dict[int, int] = {}  # peeked bucket -> due ms of its first live member
         for (i, copy, due_ms), tag in zip(shown, tags, strict=True):
@@ -713,7 +470,7 @@ class RedisTimeIndex:
         (replies,) = self._door.run(
             [("ZRANGEBYSCORE", self._directory(p), "-inf", now_ms, "LIMIT", skip.get(p, 0), width) for p in priorities]
         )
-        return [[_text(s) for s in reply] for reply in replies]
+        return [[as_text(s) for s in reply] for reply in replies]
 
     def _plan(
         self, candidates: list[tuple[Priority, str]], now_ms: int, budget: int
@@ -724,7 +481,7 @@ class RedisTimeIndex:
         if len(candidates) * FILL <= budget:
             return [(p, s, FILL, True) for p, s in candidates]
         (counts,) = self._door.run(
-            [("ZCOUNT", self.bucket_key(p, s), "-inf", now_ms - _base_ms(s)) for p, s in candidates]
+            [("ZCOUNT", self.bucket_key(p, s), "-inf", now_ms - base_ms(s)) for p, s in candidates]
         )
         plan: list[tuple[Priority, str, int, bool]] = []
         for (priority, suffix), count in zip(candidates, counts, strict=True):
@@ -742,7 +499,7 @@ class RedisTimeIndex:
         claims: list[Command] = []
         bases: list[int] = []
         for priority, suffix, take, _ in plan:
-            base = _base_ms(suffix)
+            base = base_ms(suffix)
             bases.append(base)
             claims.append(("EVALSHA", CLAIM.sha, 1, self.bucket_key(priority, suffix), now_ms - base, take))
         (taken,) = self._door.run(claims)
@@ -755,7 +512,7 @@ class RedisTimeIndex:
             for i in range(0, len(pairs), 2):
                 score = int(float(pairs[i + 1]))
                 run_id = decode_member(pairs[i])
-                copies.append(_Copy(run_id, _id_hash(run_id), _copy_tag(priority.value, suffix, score)))
+                copies.append(_Copy(run_id, id_hash(run_id), copy_tag(priority.value, suffix, score)))
             directory = self._directory(priority)
             if head is None:
                 raised.append(None)
@@ -774,7 +531,7 @@ class RedisTimeIndex:
         lowered: list[Command] = []
         for (priority, suffix, _, _), base, raised_ms, head_now in zip(plan, bases, raised, heads, strict=True):
             if head_now:
-                head_ms = base + int(_pairs(head_now)[0][1])
+                head_ms = base + int(with_scores(head_now)[0][1])
                 if raised_ms is None or head_ms < raised_ms:
                     lowered.append(("ZADD", self._directory(priority), "LT", head_ms, suffix))
         if lowered:
