@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
@@ -124,7 +124,7 @@ class UrlOptions:
         if self._values:
             name = sorted(self._values)[0]
             value = "***" if any(word in name.lower() for word in _SECRET_WORDS) else self._values[name]
-            raise ConfigError(self.key(name), value, f"unknown option; use {', '.join(sorted(self._known))}")
+            raise ConfigError(self.key(name), value, f"unknown option; use {', '.join(sorted(set(self._known)))}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +134,7 @@ class AwsOptions:
     region: str | None = None
     endpoint: str | None = None
     access_key_id: str | None = None
-    secret_access_key: str | None = None
+    secret_access_key: str | None = field(default=None, repr=False)  # never in logs
 
     @classmethod
     def read(cls, options: UrlOptions) -> AwsOptions:
