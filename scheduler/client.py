@@ -13,7 +13,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from jobq.clock import Clock
-from jobq.errors import Conflict, InvalidJob, JobNotFound, RunNotFound
+from jobq.codec import encode, envelope_for
+from jobq.errors import Conflict, InvalidJob, JobNotFound, RunNotFound, TransportError
 from jobq.models import (
     PARKED_MS,
     TERMINAL_STATES,
@@ -23,6 +24,7 @@ from jobq.models import (
     Run,
     RunEvent,
     RunState,
+    ScheduleType,
     Transition,
 )
 from jobq.ports import IndexEntry, JobQuery, Page, RunQuery
@@ -30,6 +32,7 @@ from jobq.submission import JobSpec, Limits, build_job, materialise, new_run, pr
 from jobq.wiring import Deployment
 
 _OPEN = frozenset(RunState) - TERMINAL_STATES
+_SUBMITTER = "submitter"  # the lease owner of a run dispatched at submission
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +79,8 @@ class Client:
             raise InvalidJob(f"tenant_id {spec.tenant_id!r} is not this token's tenant", field="tenant_id")
         now = self.clock.now_ms()
         job, runs, _missed = build_job(spec, now, self.limits, known_tasks)
+        if job.schedule.type is ScheduleType.IMMEDIATE:
+            runs = [self._dispatched(run, now) for run in runs]
         fires = preview(job, now)
         response = respond(job, fires) if respond is not None else None
         record = None
@@ -92,8 +97,48 @@ class Client:
         result = self.store.create_job(job, runs, record)
         if result.created:
             self._index(runs)
+            self._publish(job, [r for r in runs if r.state is RunState.DISPATCHED])
             return Submitted(job, True, response, tuple(fires))
         return Submitted(result.job, False, result.response, tuple(preview(result.job, now)))
+
+    def _dispatched(self, run: Run, now: int) -> Run:
+        """An instant run skips the time index and the scanner: it is created already dispatched
+        (fence 1, as a claim would leave it) under a schedule-to-start lease, and published once
+        stored. Should this process die before publishing, the lease runs out and the reaper
+        dispatches the run again (fence+1)."""
+        lease_ms = round(self.d.settings.schedule_to_start_s * 1000)
+        return run.model_copy(
+            update={
+                "state": RunState.DISPATCHED,
+                "fence": 1,
+                "lease_owner": _SUBMITTER,
+                "lease_expires_ms": now + lease_ms,
+                "dispatched_ms": now,
+            }
+        )
+
+    def _publish(self, job: Job, runs: Sequence[Run]) -> None:
+        if not runs:
+            return
+        try:
+            self.d.transport.publish(runs[0].priority.queue, [encode(envelope_for(r, job)) for r in runs])
+        except TransportError:
+            # The broker refused: hand the runs to the scanner, which publishes when it can.
+            now = self.clock.now_ms()
+            back = self.store.transition(
+                [
+                    Transition(
+                        r.run_id,
+                        frozenset({RunState.DISPATCHED}),
+                        RunState.SCHEDULED,
+                        r.fence,
+                        {"lease_owner": None, "lease_expires_ms": None, "dispatched_ms": None},
+                        at_ms=now,
+                    )
+                    for r in runs
+                ]
+            )
+            self._index([r for r in back if r is not None])
 
     # -- reading --------------------------------------------------------------------------------
 

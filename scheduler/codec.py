@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from jobq.errors import TransportError
-from jobq.models import Priority
+from jobq.models import Job, Priority, Run
 
 VERSION = 1
 INLINE_PAYLOAD_MAX_BYTES = 8 * 1024
@@ -40,6 +40,13 @@ class Envelope:
     @property
     def payload_inline(self) -> bool:
         return self.payload is not _MISSING
+
+
+def envelope_for(run: Run, job: Job) -> Envelope:
+    """The message that dispatches `run` (of `job`) at its current fence and attempt."""
+    return Envelope(
+        run.run_id, run.job_id, run.fence, job.task_name, run.priority, run.attempt, job.payload, last=not job.recurring
+    )
 
 
 def encode(envelope: Envelope) -> bytes:

@@ -155,13 +155,14 @@ def test_the_scanner_dispatches_critical_runs_before_lower_tiers(h: Harness) -> 
     def noop() -> None:
         pass
 
-    for _ in range(5):
-        noop.schedule(priority="LOW")
-    critical = noop.schedule(priority="CRITICAL")
+    now = h.clock.now_ms()
+    lows = [noop.schedule(at=now, priority="LOW") for _ in range(5)]
+    critical = noop.schedule(at=now, priority="CRITICAL")
     h.scanner.batch = 1
-    h.scanner.run_once(h.clock.now_ms())
+    h.scanner.run_once(now)
     run = h.client.get(critical.job_id).current_run
     assert run is not None and run.state is RunState.DISPATCHED
+    assert all(h.client.get(low.job_id).current_run.state is RunState.SCHEDULED for low in lows)  # type: ignore[union-attr]
 
 
 def test_a_critical_run_enqueued_after_1000_low_runs_starts_next(h: Harness) -> None:
@@ -248,3 +249,56 @@ def test_an_expired_dispatch_lease_is_dispatched_again_without_counting_an_attem
     assert (again.state, again.attempt, again.fence) == (RunState.SCHEDULED, 1, run.fence + 1)
     h.cycle()  # the stale first message is dropped, the new one runs
     assert h.client.run(run.run_id).state is RunState.SUCCEEDED
+
+
+def test_an_instant_run_is_dispatched_at_submission_without_the_scanner(h: Harness) -> None:
+    @h.app.task(name="t.noop")
+    def noop() -> None:
+        pass
+
+    handle = noop.delay()
+    run = h.client.get(handle.job_id).current_run
+    assert run is not None and (run.state, run.fence, run.dispatched_ms) == (RunState.DISPATCHED, 1, h.clock.now_ms())
+    assert h.d.index.next_due_ms() is None  # nothing waits in the time index
+    assert h.work() == 1
+    assert h.client.get(handle.job_id).current_run.state is RunState.SUCCEEDED  # type: ignore[union-attr]
+
+
+def test_an_instant_run_the_broker_refuses_goes_to_the_scanner(h: Harness) -> None:
+    from jobq.errors import TransportUnavailable
+
+    @h.app.task(name="t.noop")
+    def noop() -> None:
+        pass
+
+    publish = h.d.transport.publish
+
+    def refuse(queue: str, bodies: object) -> None:
+        raise TransportUnavailable("broker down")
+
+    h.d.transport.publish = refuse  # type: ignore[method-assign]
+    handle = noop.delay()
+    run = h.client.get(handle.job_id).current_run
+    assert run is not None and (run.state, run.fence) == (RunState.SCHEDULED, 1)
+    h.d.transport.publish = publish  # type: ignore[method-assign]
+    assert h.cycle() == 1
+    assert h.client.get(handle.job_id).current_run.state is RunState.SUCCEEDED  # type: ignore[union-attr]
+
+
+def test_an_instant_run_whose_submitter_died_before_publishing_is_recovered_by_the_reaper(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from jobq.client import Client
+
+    @h.app.task(name="t.noop")
+    def noop() -> None:
+        pass
+
+    monkeypatch.setattr(Client, "_publish", lambda self, job, runs: None)  # the process died here
+    handle = noop.delay()
+    h.advance(h.d.settings.schedule_to_start_s + 1)
+    assert h.reaper.run_once(h.clock.now_ms()) == 1
+    h.cycle()
+    run = h.client.get(handle.job_id).current_run
+    # fence 1 at submission, 2 when the reaper took it back, 3 when the scanner claimed it again
+    assert run is not None and (run.state, run.fence, run.attempt) == (RunState.SUCCEEDED, 3, 1)

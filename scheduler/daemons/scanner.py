@@ -13,7 +13,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from jobq.codec import Envelope, encode
+from jobq.codec import encode, envelope_for
 from jobq.daemons.base import Daemon, event
 from jobq.errors import TransportError
 from jobq.ids import new_worker_id
@@ -249,17 +249,7 @@ class Scanner(Daemon):
             return
         by_queue: dict[str, list[bytes]] = defaultdict(list)
         for run, job in ready:
-            envelope = Envelope(
-                run.run_id,
-                run.job_id,
-                run.fence,
-                job.task_name,
-                run.priority,
-                run.attempt,
-                job.payload,
-                last=not job.recurring,
-            )
-            by_queue[run.priority.queue].append(encode(envelope))
+            by_queue[run.priority.queue].append(encode(envelope_for(run, job)))
         published: list[Run] = []
         try:
             for run_queue in sorted(by_queue, key=lambda q: _QUEUE_ORDER.get(q, 9)):

@@ -256,6 +256,7 @@ class Worker(Daemon):
         ]
         started = self.store.transition(starts) if starts else []
         events = []
+        ready: list[_Started] = []
         for (delivery, envelope, task), run in zip(wanted, started, strict=True):
             if run is None:
                 METRICS.stale_deliveries.inc()
@@ -267,9 +268,11 @@ class Worker(Daemon):
             with self._active_lock:
                 self._active[run.run_id] = active
             events.append(event(run, "STARTED", now, worker=self.worker_id))
-            self._work.put(_Started(delivery, envelope, run, task, active))
+            ready.append(_Started(delivery, envelope, run, task, active))
         if events:
-            self.d.history.record(events)
+            self.d.history.record(events)  # before the pool can record an outcome
+        for item in ready:
+            self._work.put(item)
         if hand_on:
             self.d.transport.nack(hand_on, delay_s=1.0)
         if drop:

@@ -118,7 +118,8 @@ def test_idempotency_keys_belong_to_one_tenant(api: Api) -> None:
 
 
 def test_a_job_shows_its_current_run_lease_fence_and_counts(acme: httpx.Client, deployment: Deployment) -> None:
-    job_id = acme.post("/v1/jobs", json=_task_job(deployment)).json()["job_id"]
+    due_now = {**_task_job(deployment), "schedule_type": "ONE_OFF", "delay_seconds": 0}  # for the scanner to claim
+    job_id = acme.post("/v1/jobs", json=due_now).json()["job_id"]
     [run] = Client(deployment).runs(job_id).items
     deployment.store.claim([run.run_id], deployment.clock.now_ms(), "scanner-7", 10_000)
     body = acme.get(f"/v1/jobs/{job_id}").json()
