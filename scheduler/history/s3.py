@@ -93,7 +93,7 @@ class S3History(NdjsonSink):
         owns_client: bool = False,
     ) -> None:
         if compression not in ("gzip", "none"):
-            raise ConfigError("compression", compression, "use gzip or none")
+            raise ConfigError("history.compression", compression, "use gzip or none")
         self.client = client
         self.bucket = bucket
         self.compression = compression

@@ -420,7 +420,7 @@ class PostgresStore:
         """The UPDATE for transitions of one shape: the rows are locked in run-id order first, so
         two batches touching the same runs cannot deadlock."""
         t0 = group[0]
-        columns = [("run_id", "text", [t.run_id for t in group])]
+        columns: list[tuple[str, str, list[Any]]] = [("run_id", "text", [t.run_id for t in group])]
         if t0.at_ms is not None:
             columns.append(("updated_ms", "bigint", [t.at_ms for t in group]))
         for name in sorted(t0.changes):
