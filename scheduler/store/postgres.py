@@ -405,20 +405,26 @@ class PostgresStore:
             return []
         statements = [(*self._group_sql([transitions[i] for i in group]), group) for group in _groups(transitions)]
 
-        def body(conn: Connection) -> list[Run | None]:
-            out: list[Run | None] = [None] * len(transitions)
-            for sql, params, group in statements:
-                by_id = {row["run_id"]: row for row in conn.execute(sql, params).fetchall()}
-                for i in group:
-                    row = by_id.get(transitions[i].run_id)
-                    out[i] = None if row is None else run_from_row(row)
-            return out
+        def body(conn: Connection) -> list[Any]:
+            return [conn.execute(sql, params) for sql, params, _ in statements]
 
-        return self.db.run(body)
+        # Pipelined: BEGIN, the statements and COMMIT go out together and the rows are read once
+        # the commit is back (client-side cursors keep their results), so a batch is one round trip.
+        cursors = self.db.run(body, pipeline=True)
+        out: list[Run | None] = [None] * len(transitions)
+        for cursor, (_, _, group) in zip(cursors, statements, strict=True):
+            by_id = {row["run_id"]: row for row in cursor.fetchall()}
+            for i in group:
+                row = by_id.get(transitions[i].run_id)
+                out[i] = None if row is None else run_from_row(row)
+        return out
 
     def _group_sql(self, group: Sequence[Transition]) -> tuple[str, list[Any]]:
-        """The UPDATE for transitions of one shape: the rows are locked in run-id order first, so
-        two batches touching the same runs cannot deadlock."""
+        """The UPDATE for transitions of one shape. The rows go in sorted by run id, so the join
+        (a nested loop over them) locks runs in one order and two batches rarely deadlock; when they
+        do, PostgreSQL aborts one and `run` retries it. (A CTE that locks in order first made
+        large batches three times slower.)"""
+        group = sorted(group, key=lambda t: t.run_id)
         t0 = group[0]
         columns: list[tuple[str, str, list[Any]]] = [("run_id", "text", [t.run_id for t in group])]
         if t0.at_ms is not None:
@@ -443,17 +449,13 @@ class PostgresStore:
             if name.startswith("expect_"):
                 continue
             sets.append(f"{name} = t.{name}::jsonb" if name == "result" else f"{name} = t.{name}")
-        where = ["r.run_id = t.run_id", "r.state = ANY(%s)", "r.run_id IN (SELECT run_id FROM locked)"]
+        where = ["r.run_id = t.run_id", "r.state = ANY(%s)"]
         where += [f"r.{name[7:]} = t.{name}" for name, _, _ in columns if name.startswith("expect_")]
         update = (
             f"UPDATE {{runs}} AS r SET {', '.join(sets)} FROM t WHERE {' AND '.join(where)} "
             f"RETURNING {', '.join('r.' + c for c in RUN_COLUMNS)}"
         )
-        head = (
-            f"WITH t AS (SELECT * FROM unnest({arrays}) AS t({names})), "
-            "locked AS (SELECT r.run_id FROM {runs} AS r JOIN t ON r.run_id = t.run_id "
-            "ORDER BY r.run_id FOR UPDATE OF r)"
-        )
+        head = f"WITH t AS (SELECT * FROM unnest({arrays}) AS t({names}))"
         params: list[Any] = [values for _, _, values in columns]
         params += [t0.to_state.value, sorted(s.value for s in t0.expect)]
         if t0.job_status is None:

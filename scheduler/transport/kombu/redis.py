@@ -63,6 +63,48 @@ def _redis_transport_class() -> type:
             payload["headers"] = headers
             return payload
 
+        def get_many(self, queue: str, limit: int) -> list[Any]:
+            """Up to `limit` messages of `queue` in two round trips, where `basic_get` takes two per
+            message: one RPOP with a count, then kombu's ack bookkeeping (its unacked hash and index,
+            exactly as `QoS.append` writes them) for all of them in one pipeline."""
+            from kombu.utils.json import dumps, loads
+
+            with self.conn_or_acquire() as client:
+                items = client.rpop(self._q_for_pri(queue, 0), limit) or []
+            messages = []
+            for item in items:
+                payload = loads(item if isinstance(item, str) else item.decode())
+                headers = payload.get("headers") or {}
+                headers[_DELIVERY_COUNT_HEADER] = int(headers.get(_DELIVERY_COUNT_HEADER, 0)) + 1
+                payload["headers"] = headers
+                messages.append(self.Message(payload, channel=self))
+            if not messages:
+                return messages
+            qos = self.qos
+            now = time.time()
+            with qos.pipe_or_acquire() as pipe:
+                for m in messages:
+                    info = m.delivery_info
+                    pipe.zadd(qos.unacked_index_key, {m.delivery_tag: now})
+                    pipe.hset(qos.unacked_key, m.delivery_tag, dumps([m._raw, info["exchange"], info["routing_key"]]))
+                pipe.execute()
+            base_append = super(type(qos), qos).append  # the in-process half of QoS.append
+            for m in messages:
+                base_append(m, m.delivery_tag)
+            return messages
+
+        def ack_many(self, tags: Sequence[str]) -> None:
+            """`basic_ack` for every tag, with kombu's Redis bookkeeping in one pipeline."""
+            qos = self.qos
+            with qos.pipe_or_acquire() as pipe:
+                for tag in tags:
+                    pipe.zrem(qos.unacked_index_key, tag).hdel(qos.unacked_key, tag)
+                pipe.execute()
+            base_ack = super(type(qos), qos).ack
+            for tag in tags:
+                with contextlib.suppress(KeyError):  # a tag this channel no longer holds
+                    base_ack(tag)
+
     class JobqRedisTransport(base_transport):  # type: ignore[misc]
         Channel = CountingChannel
 
@@ -120,21 +162,15 @@ class RedisBroker:
                 )
 
     def get(self, name: str, limit: int, wait_s: int) -> list[BrokerMessage]:
-        channel = self._open()
         found: list[BrokerMessage] = []
-        while len(found) < limit:
-            message = channel.basic_get(name, no_ack=False)
-            if message is None:
-                break
+        for message in self._open().get_many(name, limit):
             tag = str(message.delivery_tag)
             count = int((message.headers or {}).get(_DELIVERY_COUNT_HEADER, 1))
             found.append(BrokerMessage(tag, tag, as_bytes(message.body), count))
         return found
 
     def ack(self, name: str, handles: Sequence[object]) -> None:
-        channel = self._open()
-        for tag in handles:
-            channel.basic_ack(tag)
+        self._open().ack_many([str(tag) for tag in handles])
 
     def requeue(self, name: str, handles: Sequence[object], delay_s: float) -> None:
         channel = self._open()
