@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from jobq import __version__
-from jobq.cli import api, daemons, jobs
+from jobq.cli import api, bench, daemons, jobs
 from jobq.cli.common import JobqGroup
 
 
@@ -38,5 +38,6 @@ for command in (
     jobs.init,
     api.api,
     api.tokens,
+    bench.bench,
 ):
     cli.add_command(command)
