@@ -101,6 +101,34 @@ class Client:
             return Submitted(job, True, response, tuple(fires))
         return Submitted(result.job, False, result.response, tuple(preview(result.job, now)))
 
+    def submit_many(self, specs: Sequence[JobSpec], *, known_tasks: set[str] | None = None) -> builtins.list[Job]:
+        """Submit many jobs in one store batch (no idempotency keys): the bulk path for backfills
+        and fan-outs. Every spec is validated first, so one bad spec writes nothing (`InvalidJob`
+        naming its index). Returns the jobs created."""
+        now = self.clock.now_ms()
+        items: builtins.list[tuple[Job, builtins.list[Run]]] = []
+        for i, spec in enumerate(specs):
+            if self.tenant_id is not None and spec.tenant_id != self.tenant_id:
+                raise InvalidJob(f"specs[{i}]: tenant_id {spec.tenant_id!r} is not this token's tenant")
+            try:
+                job, runs, _ = build_job(spec, now, self.limits, known_tasks)
+            except InvalidJob as exc:
+                raise InvalidJob(f"specs[{i}]: {exc.message}", field=exc.field) from None
+            if job.schedule.type is ScheduleType.IMMEDIATE:
+                runs = [self._dispatched(run, now) for run in runs]
+            items.append((job, runs))
+        created = self.store.create_jobs(items)
+        made = [(job, runs) for (job, runs), ok in zip(items, created, strict=True) if ok]
+        self._index([run for _, runs in made for run in runs])
+        by_queue: dict[str, builtins.list[tuple[Job, Run]]] = {}
+        for job, runs in made:
+            for run in runs:
+                if run.state is RunState.DISPATCHED:
+                    by_queue.setdefault(run.priority.queue, []).append((job, run))
+        for pairs in by_queue.values():
+            self._publish_pairs(pairs)
+        return [job for job, _ in made]
+
     def _dispatched(self, run: Run, now: int) -> Run:
         """An instant run skips the time index and the scanner: it is created already dispatched
         (fence 1, as a claim would leave it) under a schedule-to-start lease, and published once
@@ -118,10 +146,16 @@ class Client:
         )
 
     def _publish(self, job: Job, runs: Sequence[Run]) -> None:
-        if not runs:
+        self._publish_pairs([(job, run) for run in runs])
+
+    def _publish_pairs(self, pairs: Sequence[tuple[Job, Run]]) -> None:
+        """Publish runs dispatched at submission (all of one priority); if the broker refuses, hand
+        them to the scanner instead."""
+        if not pairs:
             return
+        runs = [run for _, run in pairs]
         try:
-            self.d.transport.publish(runs[0].priority.queue, [encode(envelope_for(r, job)) for r in runs])
+            self.d.transport.publish(runs[0].priority.queue, [encode(envelope_for(r, j)) for j, r in pairs])
         except TransportError:
             # The broker refused: hand the runs to the scanner, which publishes when it can.
             now = self.clock.now_ms()

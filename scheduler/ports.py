@@ -71,6 +71,12 @@ class JobStore(Protocol):
         """
         ...
 
+    def create_jobs(self, items: Sequence[tuple[Job, Sequence[Run]]]) -> list[bool]:
+        """Bulk `create_job` without idempotency keys: each job with its runs, written if its id is
+        absent (an existing id is skipped, not an error); True where created. Batched: SQL stores
+        write the whole batch in one transaction."""
+        ...
+
     def get_jobs(self, job_ids: Sequence[str]) -> dict[str, Job]:
         """The jobs that exist among `job_ids`, by id (one batch read)."""
         ...

@@ -12,6 +12,7 @@ from jobq.clock import ManualClock
 from jobq.errors import Fail, Retry
 from jobq.metrics import METRICS
 from jobq.models import JobStatus, Priority, RetryPolicy, RunState, Transition
+from jobq.ports import JobQuery
 from jobq.retry import backoff_ceiling_s
 
 
@@ -302,3 +303,25 @@ def test_an_instant_run_whose_submitter_died_before_publishing_is_recovered_by_t
     run = h.client.get(handle.job_id).current_run
     # fence 1 at submission, 2 when the reaper took it back, 3 when the scanner claimed it again
     assert run is not None and (run.state, run.fence, run.attempt) == (RunState.SUCCEEDED, 3, 1)
+
+
+def test_submit_many_creates_a_batch_that_runs(h: Harness) -> None:
+    from jobq.errors import InvalidJob
+    from jobq.submission import JobSpec
+
+    @h.app.task(name="t.noop")
+    def noop() -> None:
+        pass
+
+    def spec(**fields: object) -> JobSpec:
+        return JobSpec.model_validate({"target": {"type": "TASK", "task": "t.noop"}, **fields})
+
+    jobs = h.client.submit_many([spec(schedule_type="IMMEDIATE"), spec(schedule_type="ONE_OFF", delay_seconds=5)] * 10)
+    assert len(jobs) == 20
+    assert h.work() == 10  # the instant ones were dispatched at submission
+    assert h.cycle(5) == 10
+    with pytest.raises(InvalidJob, match=r"specs\[1\]: .*cron"):
+        h.client.submit_many(
+            [spec(schedule_type="IMMEDIATE"), spec(schedule_type="CRON", cron_expression="61 * * * *")]
+        )
+    assert len(h.client.list(JobQuery(limit=100)).items) == 20  # nothing written

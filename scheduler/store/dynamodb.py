@@ -107,6 +107,17 @@ class DynamoStore:
 
     # -- jobs ----------------------------------------------------------------------------------
 
+    def create_jobs(self, items: Sequence[tuple[Job, Sequence[Run]]]) -> list[bool]:
+        """Each job through `create_job`, in parallel: every one is its own transaction."""
+
+        def one(item: tuple[Job, Sequence[Run]]) -> bool:
+            try:
+                return self.create_job(item[0], item[1]).created
+            except DuplicateJob:
+                return False
+
+        return self.table.parallel(one, list(items))
+
     def create_job(self, job: Job, runs: Sequence[Run], idempotency: IdempotencyRecord | None = None) -> CreateResult:
         """One TransactWriteItems: the job (if absent), its first 98 runs (each if absent) and the
         idempotency key (if absent or expired). Runs beyond what a transaction holds are added

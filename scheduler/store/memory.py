@@ -101,6 +101,16 @@ class MemoryStore:
                 self._idempotency[(idempotency.tenant_id, idempotency.key)] = idempotency
             return CreateResult(job.model_copy(), created=True)
 
+    def create_jobs(self, items: Sequence[tuple[Job, Sequence[Run]]]) -> list[bool]:
+        out = []
+        with self._lock:
+            for job, runs in items:
+                try:
+                    out.append(self.create_job(job, runs).created)
+                except DuplicateJob:
+                    out.append(False)
+        return out
+
     def get_jobs(self, job_ids: Sequence[str]) -> dict[str, Job]:
         with self._lock:
             return {i: self._jobs[i].model_copy() for i in job_ids if i in self._jobs}

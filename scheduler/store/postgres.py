@@ -50,6 +50,11 @@ _UPDATE_JOB = (
     "UPDATE {jobs} SET tenant_id = %s, name = %s, status = %s, priority = %s, next_fire_ms = %s, version = %s, "
     "doc = %s::jsonb WHERE job_id = %s AND version = %s RETURNING job_id"
 )
+_INSERT_JOBS = (
+    "INSERT INTO {jobs} (job_id, tenant_id, name, status, priority, next_fire_ms, version, doc) "
+    "SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::smallint[], %s::bigint[], "
+    "%s::bigint[], %s::jsonb[]) ON CONFLICT (job_id) DO NOTHING RETURNING job_id"
+)
 _INSERT_RUN = (
     "INSERT INTO {runs} ({cols}) VALUES ("
     + ", ".join("%s" for _ in RUN_COLUMNS)
@@ -195,6 +200,12 @@ def _job_values(job: Job) -> list[Any]:
     ]
 
 
+def _job_columns(jobs: Sequence[Job]) -> list[list[Any]]:
+    """The jobs as one array per column, for `_INSERT_JOBS`."""
+    rows = [[job.job_id, *_job_values(job)] for job in jobs]
+    return [list(column) for column in zip(*rows, strict=True)]
+
+
 def _in_order(runs: Sequence[Run]) -> list[Run]:
     return sorted(runs, key=lambda r: (r.priority.rank, r.due_ms, r.run_id))
 
@@ -253,6 +264,25 @@ class PostgresStore:
             return CreateResult(job, created=True)
 
         return db.run(body)
+
+    def create_jobs(self, items: Sequence[tuple[Job, Sequence[Run]]]) -> list[bool]:
+        """The jobs in one statement (`INSERT ... SELECT FROM unnest`, skipping existing ids) and
+        the created jobs' runs in a second, in one transaction."""
+        if not items:
+            return []
+        db = self.db
+        jobs = [job for job, _ in items]
+
+        def body(conn: Connection) -> set[str]:
+            rows = conn.execute(db.sql(_INSERT_JOBS), _job_columns(jobs)).fetchall()
+            created = {row["job_id"] for row in rows}
+            runs = [run for job, job_runs in items if job.job_id in created for run in job_runs]
+            if runs:
+                conn.cursor().executemany(db.sql(_INSERT_RUN), [_run_values(r) for r in runs])
+            return created
+
+        created = db.run(body)
+        return [job.job_id in created for job in jobs]
 
     def get_jobs(self, job_ids: Sequence[str]) -> dict[str, Job]:
         if not job_ids:

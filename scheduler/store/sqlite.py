@@ -223,6 +223,16 @@ class SqliteStore:
                 )
         return CreateResult(job, created=True)
 
+    def create_jobs(self, items: Sequence[tuple[Job, Sequence[Run]]]) -> list[bool]:
+        out: list[bool] = []
+        with self.db.write() as conn:
+            for job, runs in items:
+                created = conn.execute("INSERT OR IGNORE INTO jobq_jobs VALUES (?, ?, ?, ?, ?, ?, ?, ?)", _job_row(job))
+                out.append(created.rowcount == 1)
+                if created.rowcount == 1 and runs:
+                    conn.executemany(_INSERT_RUN.removesuffix(" RETURNING *"), [_run_values(r) for r in runs])
+        return out
+
     def get_jobs(self, job_ids: Sequence[str]) -> dict[str, Job]:
         found: dict[str, Job] = {}
         for chunk in _chunks(list(dict.fromkeys(job_ids))):

@@ -440,3 +440,19 @@ def test_a_batch_naming_one_run_twice_applies_both_in_order(store: JobStore) -> 
     )
     assert [r.state if r else None for r in out] == [S.DISPATCHED, S.DISPATCHED, S.RUNNING]
     assert store.get_runs([f"job_1:{T0}"])[f"job_1:{T0}"].version == 2
+
+
+def test_create_jobs_writes_a_batch_and_skips_existing_ids(store: JobStore) -> None:
+    store.create_job(make_job("job_1", name="first"), [])
+    created = store.create_jobs(
+        [
+            (make_job("job_1", name="again"), [make_run("job_1", T0 + 7)]),
+            (make_job("job_2"), [make_run("job_2")]),
+            (make_job("job_3"), []),
+        ]
+    )
+    assert created == [False, True, True]
+    assert store.get_jobs(["job_1"])["job_1"].name == "first"
+    assert store.get_runs([f"job_1:{T0 + 7}"]) == {}
+    assert set(store.get_runs([f"job_2:{T0}"])) == {f"job_2:{T0}"}
+    assert set(store.get_jobs(["job_2", "job_3"])) == {"job_2", "job_3"}

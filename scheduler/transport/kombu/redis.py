@@ -67,7 +67,10 @@ def _redis_transport_class() -> type:
             """Up to `limit` messages of `queue` in two round trips, where `basic_get` takes two per
             message: one RPOP with a count, then kombu's ack bookkeeping (its unacked hash and index,
             exactly as `QoS.append` writes them) for all of them in one pipeline."""
-            from kombu.utils.json import dumps, loads
+            from kombu.utils import json as kombu_json  # kombu's encoder: the payload round-trips as kombu wrote it
+
+            dumps: Any = kombu_json.dumps
+            loads: Any = kombu_json.loads
 
             with self.conn_or_acquire() as client:
                 items = client.rpop(self._q_for_pri(queue, 0), limit) or []
