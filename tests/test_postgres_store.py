@@ -9,6 +9,7 @@ pytest collects them here, where their `h` fixture is a deployment on PostgreSQL
 from __future__ import annotations
 
 import os
+import random
 import threading
 import time
 import uuid
@@ -287,6 +288,35 @@ class TestStore:
             t.join()
         assert errors == []
         assert {r.version for r in store.get_runs([r.run_id for r in runs]).values()} == {80}
+
+    def test_large_and_small_batches_of_different_shapes_on_the_same_runs_do_not_deadlock(
+        self, store: PostgresStore
+    ) -> None:
+        # A 400-row batch may be planned with a hash join (which locks rows in table order) and a
+        # 40-row one with a nested loop: unless every batch locks in one order, they deadlock.
+        runs = due_runs(400, state=S.RUNNING)
+        store.add_runs(runs)
+        errors: list[BaseException] = []
+
+        def beat(size: int, change: str, seed: int) -> None:
+            rng = random.Random(seed)
+            try:
+                for i in range(15):
+                    chosen = rng.sample(runs, size)
+                    moves = [
+                        Transition(r.run_id, frozenset({S.RUNNING}), S.RUNNING, 0, {change: i}) for r in chosen
+                    ]
+                    assert all(store.transition(moves))
+            except BaseException as exc:  # reported below, not lost in the thread
+                errors.append(exc)
+
+        work = [(400, "lease_expires_ms", 1), (40, "last_heartbeat_ms", 2), (40, "last_heartbeat_ms", 3)]
+        threads = [threading.Thread(target=beat, args=args) for args in work]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
 
     def test_concurrent_requests_with_one_idempotency_key_create_one_job(self, store: PostgresStore) -> None:
         def record(job_id: str) -> IdempotencyRecord:
