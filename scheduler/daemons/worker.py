@@ -17,6 +17,7 @@ Prefetch never exceeds free slots, so a long LOW task never holds a CRITICAL mes
 from __future__ import annotations
 
 import json
+import logging
 import queue
 import threading
 import time
@@ -376,12 +377,12 @@ class Worker(Daemon):
             events.append(
                 event(after, done.kind, after.updated_ms, worker=self.worker_id, duration_ms=done.duration_ms)
             )
-            fields = run_fields(run, task=done.item.envelope.task, duration_ms=done.duration_ms)
             if done.kind == "SUCCEEDED":
-                self.log.info("succeeded", extra=fields)
+                if self.log.isEnabledFor(logging.INFO):
+                    self.log.info("succeeded", extra=self._fields(done))
             else:
                 then = f"retry at attempt {after.attempt}" if done.kind == "RETRYING" else "dead-lettered"
-                self.log.warning("failed: %s; %s", done.outcome.error, then, extra=fields)
+                self.log.warning("failed: %s; %s", done.outcome.error, then, extra=self._fields(done))
         if reindex:
             self.d.index.add(reindex)
         if events:
@@ -424,6 +425,10 @@ class Worker(Daemon):
                 active.done = True
             with self._active_lock:
                 self._active.pop(active.run.run_id, None)
+
+    @staticmethod
+    def _fields(done: _Done) -> dict[str, Any]:
+        return run_fields(done.item.run, task=done.item.envelope.task, duration_ms=done.duration_ms)
 
     def _failure(self, run: Run, outcome: _Outcome, job: Job | None, now: int) -> tuple[Transition, str]:
         error = outcome.error or "failed"

@@ -18,7 +18,13 @@ if TYPE_CHECKING:
 log = logging.getLogger("jobq.history")
 
 _COLUMNS = ("job_id", "run_id", "tenant_id", "attempt", "fence", "kind", "at_ms", "worker", "error", "duration_ms")
-_INSERT = f"INSERT INTO {{events}} ({', '.join(_COLUMNS)}) VALUES ({', '.join('%s' for _ in _COLUMNS)})"
+_TYPES = ("text", "text", "text", "integer", "bigint", "text", "bigint", "text", "text", "bigint")
+# One statement per batch, the events as one array per column.
+_INSERT = (
+    f"INSERT INTO {{events}} ({', '.join(_COLUMNS)}) SELECT * FROM unnest("
+    + ", ".join(f"%s::{t}[]" for t in _TYPES)
+    + ")"
+)
 _READ = f"SELECT {', '.join(_COLUMNS)} FROM {{events}} WHERE job_id = %s ORDER BY id LIMIT %s"
 
 
@@ -44,11 +50,11 @@ class PostgresHistory:
     def record(self, events: Sequence[RunEvent]) -> None:
         if not events:
             return
-        rows = [[getattr(e, c) for c in _COLUMNS] for e in events]
+        columns = [[getattr(e, c) for e in events] for c in _COLUMNS]
         sql = self.db.sql(_INSERT)
 
         def body(conn: Connection) -> None:
-            conn.cursor().executemany(sql, rows)  # pipelined by psycopg: one round trip
+            conn.execute(sql, columns)
 
         try:
             self.db.run(body)

@@ -185,7 +185,7 @@ def _run_values(run: Run) -> list[Any]:
 def run_from_row(row: DictRow) -> Run:
     data = dict(row)
     data["priority"] = PRIORITIES_BY_RANK[data["priority"]]
-    return Run.model_validate(data)
+    return Run.from_store(data)
 
 
 def _job_values(job: Job) -> list[Any]:

@@ -157,7 +157,7 @@ def run_from_row(row: sqlite3.Row) -> Run:
     data["dead_letter"] = bool(data["dead_letter"])
     if data["result"] is not None:
         data["result"] = json.loads(data["result"])
-    return Run.model_validate(data)
+    return Run.from_store(data)
 
 
 def _job_row(job: Job) -> tuple[Any, ...]:
