@@ -16,7 +16,6 @@ from jobq.errors import TransportError, TransportUnavailable
 from jobq.transport.kombu.broker import (
     BrokerMessage,
     KombuConnection,
-    KombuProducer,
     as_bytes,
     quietly,
     translate_kombu_error,
@@ -96,6 +95,22 @@ def _redis_transport_class() -> type:
                 base_append(m, m.delivery_tag)
             return messages
 
+        def publish_many(self, queue: str, bodies: Sequence[bytes]) -> None:
+            """`basic_publish` of every body to `queue` (the anonymous exchange), with one LPUSH:
+            each message is prepared and augmented exactly as kombu does (the same JSON a kombu
+            producer writes), without a producer's per-message routing work."""
+            from kombu.utils import json as kombu_json
+
+            dumps: Any = kombu_json.dumps
+            messages = []
+            for body in bodies:
+                message = self.prepare_message(body, 0, "application/octet-stream", "binary", {}, {"delivery_mode": 2})
+                self._inplace_augment_message(message, "", queue)
+                messages.append(dumps(message))
+            if messages:
+                with self.conn_or_acquire() as client:
+                    client.lpush(self._q_for_pri(queue, 0), *messages)
+
         def ack_many(self, tags: Sequence[str]) -> None:
             """`basic_ack` for every tag, with kombu's Redis bookkeeping in one pipeline."""
             qos = self.qos
@@ -150,19 +165,8 @@ class RedisBroker:
         self._channel: Any = None
 
     def publish(self, name: str, bodies: Sequence[bytes]) -> None:
-        channel = self._open()
-        producer = KombuProducer(channel, auto_declare=False)
-        # kombu's batch sends the pushes in one pipeline (or one by one where it cannot).
-        with producer.batch(max_size=500):
-            for body in bodies:
-                producer.publish(
-                    body,
-                    exchange="",
-                    routing_key=name,
-                    content_type="application/octet-stream",
-                    content_encoding="binary",
-                    delivery_mode=2,
-                )
+        # One LPUSH for the whole batch: a published batch is all enqueued or none of it.
+        self._open().publish_many(name, bodies)
 
     def get(self, name: str, limit: int, wait_s: int) -> list[BrokerMessage]:
         found: list[BrokerMessage] = []
