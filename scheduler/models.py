@@ -249,6 +249,9 @@ class Run(_Record):
         return cls.model_validate(fields)
 
 
+#: Every field of a run, in the order the SQL stores keep their columns.
+RUN_FIELDS: tuple[str, ...] = tuple(Run.model_fields)
+
 # The fields a transition may change besides state and fence. Backends whitelist these.
 MUTABLE_RUN_FIELDS = frozenset(
     {

@@ -59,6 +59,7 @@ from jobq.errors import (
     StoreError,
     StoreUnavailable,
 )
+from jobq.models import RUN_FIELDS
 from jobq.wiring import require
 
 if TYPE_CHECKING:
@@ -85,32 +86,7 @@ _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 _LOCK_CLASS = 0x6A6F6271  # "jobq": the first key of the migration advisory lock (the second is the schema)
 _DEADLOCK_RETRIES = 3
 
-RUN_COLUMNS = (
-    "run_id",
-    "job_id",
-    "tenant_id",
-    "nominal_ms",
-    "due_ms",
-    "priority",
-    "state",
-    "attempt",
-    "fence",
-    "version",
-    "lease_owner",
-    "lease_expires_ms",
-    "last_heartbeat_ms",
-    "last_error",
-    "deadline_ms",
-    "prev_run_id",
-    "blocked_by",
-    "dead_letter",
-    "result",
-    "created_ms",
-    "updated_ms",
-    "dispatched_ms",
-    "started_ms",
-    "finished_ms",
-)
+RUN_COLUMNS = RUN_FIELDS  # the table has a column per field
 
 # -- migrations ---------------------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from jobq.errors import Conflict, DuplicateJob, IdempotencyConflict, JobNotFound, StoreError
-from jobq.models import PRIORITIES_BY_RANK, ApiToken, IdempotencyRecord, Job, Run, RunState, Transition
+from jobq.models import PRIORITIES_BY_RANK, RUN_FIELDS, ApiToken, IdempotencyRecord, Job, Run, RunState, Transition
 from jobq.ports import CreateResult, JobQuery, Page, RunQuery
 from jobq.sqlitedb import SqliteDatabase, placeholders
 from jobq.store.memory import parse_run_cursor, run_cursor
@@ -102,32 +102,7 @@ CREATE TABLE IF NOT EXISTS jobq_workers (
 );
 """
 
-RUN_COLUMNS = (
-    "run_id",
-    "job_id",
-    "tenant_id",
-    "nominal_ms",
-    "due_ms",
-    "priority",
-    "state",
-    "attempt",
-    "fence",
-    "version",
-    "lease_owner",
-    "lease_expires_ms",
-    "last_heartbeat_ms",
-    "last_error",
-    "deadline_ms",
-    "prev_run_id",
-    "blocked_by",
-    "dead_letter",
-    "result",
-    "created_ms",
-    "updated_ms",
-    "dispatched_ms",
-    "started_ms",
-    "finished_ms",
-)
+RUN_COLUMNS = RUN_FIELDS  # the table has a column per field
 _INSERT_RUN = (
     f"INSERT OR IGNORE INTO jobq_runs ({', '.join(RUN_COLUMNS)}) VALUES ({placeholders(len(RUN_COLUMNS))}) RETURNING *"
 )
