@@ -18,6 +18,45 @@ from jobq.models import Job, Priority, RetryPolicy
 _current: contextvars.ContextVar[TaskContext | None] = contextvars.ContextVar("jobq_task_context", default=None)
 
 
+class Flag:
+    """A `threading.Event` that costs nothing until something waits on it: every run carries two
+    (`lease_lost`, `cancelled`) and almost none is ever waited on, while an Event allocates a
+    Condition and a lock up front. `set`, `is_set`, `clear` and `wait` behave as the Event's."""
+
+    __slots__ = ("_event", "_set")
+    _creating = threading.Lock()
+
+    def __init__(self) -> None:
+        self._set = False
+        self._event: threading.Event | None = None
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def set(self) -> None:
+        self._set = True
+        with Flag._creating:  # a waiter that created its Event before this sees it set
+            event = self._event
+        if event is not None:
+            event.set()
+
+    def clear(self) -> None:
+        self._set = False
+        with Flag._creating:
+            event = self._event
+        if event is not None:
+            event.clear()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        with Flag._creating:  # a `set` before this point is seen here
+            if self._event is None:
+                self._event = threading.Event()
+                if self._set:
+                    self._event.set()
+            event = self._event
+        return event.wait(timeout)
+
+
 @dataclass
 class TaskContext:
     """What a running task knows about its run. Pass `fence` to downstream writes so a stale
@@ -29,8 +68,8 @@ class TaskContext:
     fence: int
     task: str
     worker_id: str
-    lease_lost: threading.Event = field(default_factory=threading.Event)
-    cancelled: threading.Event = field(default_factory=threading.Event)
+    lease_lost: Flag = field(default_factory=Flag)
+    cancelled: Flag = field(default_factory=Flag)
 
     @property
     def should_stop(self) -> bool:

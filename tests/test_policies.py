@@ -410,3 +410,22 @@ def test_an_exception_s_retry_after_raises_the_backoff(h: Harness) -> None:
     run = h.client.get(job_id).current_run
     assert run is not None and (run.state, run.attempt) == (RunState.SCHEDULED, 2)
     assert run.due_ms >= now + 120_000
+
+
+def test_a_context_flag_wakes_a_waiter_whether_set_before_or_during_the_wait() -> None:
+    from jobq.tasks import Flag
+
+    early = Flag()
+    early.set()
+    assert early.is_set() and early.wait(0) is True
+
+    late = Flag()
+    assert late.wait(0.01) is False  # nobody set it: the wait times out
+    woke: list[bool] = []
+    waiter = threading.Thread(target=lambda: woke.append(late.wait(5)))
+    waiter.start()
+    late.set()
+    waiter.join(5)
+    assert woke == [True] and late.is_set()
+    late.clear()
+    assert not late.is_set() and late.wait(0.01) is False

@@ -303,9 +303,7 @@ class TestStore:
             try:
                 for i in range(15):
                     chosen = rng.sample(runs, size)
-                    moves = [
-                        Transition(r.run_id, frozenset({S.RUNNING}), S.RUNNING, 0, {change: i}) for r in chosen
-                    ]
+                    moves = [Transition(r.run_id, frozenset({S.RUNNING}), S.RUNNING, 0, {change: i}) for r in chosen]
                     assert all(store.transition(moves))
             except BaseException as exc:  # reported below, not lost in the thread
                 errors.append(exc)

@@ -81,8 +81,12 @@ def test_the_quickstart_runs_each_kind_of_job_and_the_tour_works(
     wait_until(lambda: bool(client.dead_letters().items), 30, "broken to be dead-lettered")
     wait_until(lambda: runs_of("examples.hello").count(RunState.SUCCEEDED) >= 2, 30, "the one-off in 5 s")
     wait_until(lambda: RunState.SUCCEEDED in runs_of("examples.tick"), 30, "the cron tick")
-    flaky = [r for j in client.list(JobQuery(limit=1000)).items if j.name == "examples.flaky"
-             for r in client.runs(j.job_id).items]
+    flaky = [
+        r
+        for j in client.list(JobQuery(limit=1000)).items
+        if j.name == "examples.flaky"
+        for r in client.runs(j.job_id).items
+    ]
     assert [(r.state, r.attempt) for r in flaky] == [(RunState.SUCCEEDED, 3)]
     [dead] = client.dead_letters().items
     assert dead.last_error is not None and "always fails" in dead.last_error
@@ -102,11 +106,15 @@ def test_the_quickstart_runs_each_kind_of_job_and_the_tour_works(
     assert "examples.hello" in outputs[2]  # jobq list
     assert dead.run_id[:12] in outputs[3]  # jobq dlq list
 
-    worker = subprocess.Popen(shlex.split(worker_line), cwd=REPO, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True)
+    worker = subprocess.Popen(
+        shlex.split(worker_line), cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     try:
-        wait_until(lambda: client.run(f"{job_id}:{client.job(job_id).schedule.at_ms}").state is RunState.SUCCEEDED,
-                   40, "the tour's hello in 10 s")
+        wait_until(
+            lambda: client.run(f"{job_id}:{client.job(job_id).schedule.at_ms}").state is RunState.SUCCEEDED,
+            40,
+            "the tour's hello in 10 s",
+        )
     finally:
         worker.send_signal(signal.SIGTERM)
         out, _ = worker.communicate(timeout=60)

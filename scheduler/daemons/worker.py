@@ -42,6 +42,8 @@ UNKNOWN_TASK_REDELIVERIES = 5  # other workers may serve it; after this many del
 RESULT_MAX_BYTES = 64 * 1024
 _MONITOR_TICK_S = 0.5
 _COMPLETE_BATCH = 500  # outcomes written in one store call at most
+_COMPLETE_GATHER_S = 0.002
+_REFILL_WAIT_S = 0.005  # how long a busy worker waits for half its slots before consuming
 _WEBHOOK = TaskDef(WEBHOOK_TASK, lambda: None)  # a marker: resolved per run by `_webhook_task`
 
 
@@ -79,6 +81,7 @@ class Worker(Daemon):
         self.lease_ms = round(self.settings.lease_s * 1000)
         self.heartbeat_ms = round(self.settings.heartbeat_s * 1000)
         self.poll_s = 0.1
+        self._refill_at = max(1, self.concurrency // 2)
         self._work: queue.Queue[_Started | None] = queue.Queue()
         self._done: queue.Queue[_Done | None] = queue.Queue()
         self._slots = threading.Condition()
@@ -138,6 +141,15 @@ class Worker(Daemon):
                 while self._in_flight >= self.concurrency and not stop.is_set():
                     self._slots.wait(0.2)
                     self.last_beat = time.monotonic()
+                # A busy worker refills in batches: it waits a moment for half its slots to be
+                # free rather than taking one delivery per finished task, since every consume and
+                # every start batch costs about as much as a few dozen runs.
+                refill_by = time.monotonic() + _REFILL_WAIT_S
+                while self.concurrency - self._in_flight < self._refill_at and not stop.is_set():
+                    left = refill_by - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._slots.wait(left)
             if stop.is_set():
                 break
             try:
@@ -338,9 +350,12 @@ class Worker(Daemon):
                 return
             batch = [first]
             stop = False
+            # Outcomes that arrive within a moment of the first share its store batch and ack.
+            gather_by = time.monotonic() + _COMPLETE_GATHER_S
             while len(batch) < _COMPLETE_BATCH:
                 try:
-                    more = self._done.get_nowait()
+                    left = gather_by - time.monotonic()
+                    more = self._done.get(timeout=left) if left > 0 else self._done.get_nowait()
                 except queue.Empty:
                     break
                 if more is None:

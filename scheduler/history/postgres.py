@@ -19,10 +19,11 @@ log = logging.getLogger("jobq.history")
 
 _COLUMNS = ("job_id", "run_id", "tenant_id", "attempt", "fence", "kind", "at_ms", "worker", "error", "duration_ms")
 _TYPES = ("text", "text", "text", "integer", "bigint", "text", "bigint", "text", "text", "bigint")
-# One statement per batch, the events as one array per column.
+# One statement per batch, the events as one array per column (binary: psycopg dumps a list in
+# binary several times faster than as text).
 _INSERT = (
     f"INSERT INTO {{events}} ({', '.join(_COLUMNS)}) SELECT * FROM unnest("
-    + ", ".join(f"%s::{t}[]" for t in _TYPES)
+    + ", ".join(f"%b::{t}[]" for t in _TYPES)
     + ")"
 )
 _READ = f"SELECT {', '.join(_COLUMNS)} FROM {{events}} WHERE job_id = %s ORDER BY id LIMIT %s"

@@ -65,7 +65,7 @@ def _redis_transport_class() -> type:
         def get_many(self, queue: str, limit: int) -> list[Any]:
             """Up to `limit` messages of `queue` in two round trips, where `basic_get` takes two per
             message: one RPOP with a count, then kombu's ack bookkeeping (its unacked hash and index,
-            exactly as `QoS.append` writes them) for all of them in one pipeline."""
+            exactly as `QoS.append` writes them) for all of them: one ZADD and one HSET."""
             from kombu.utils import json as kombu_json  # kombu's encoder: the payload round-trips as kombu wrote it
 
             dumps: Any = kombu_json.dumps
@@ -84,12 +84,13 @@ def _redis_transport_class() -> type:
                 return messages
             qos = self.qos
             now = time.time()
+            index = {m.delivery_tag: now for m in messages}
+            saved = {
+                m.delivery_tag: dumps([m._raw, m.delivery_info["exchange"], m.delivery_info["routing_key"]])
+                for m in messages
+            }
             with qos.pipe_or_acquire() as pipe:
-                for m in messages:
-                    info = m.delivery_info
-                    pipe.zadd(qos.unacked_index_key, {m.delivery_tag: now})
-                    pipe.hset(qos.unacked_key, m.delivery_tag, dumps([m._raw, info["exchange"], info["routing_key"]]))
-                pipe.execute()
+                pipe.zadd(qos.unacked_index_key, index).hset(qos.unacked_key, mapping=saved).execute()
             base_append = super(type(qos), qos).append  # the in-process half of QoS.append
             for m in messages:
                 base_append(m, m.delivery_tag)
@@ -112,12 +113,11 @@ def _redis_transport_class() -> type:
                     client.lpush(self._q_for_pri(queue, 0), *messages)
 
         def ack_many(self, tags: Sequence[str]) -> None:
-            """`basic_ack` for every tag, with kombu's Redis bookkeeping in one pipeline."""
+            """`basic_ack` for every tag, with kombu's Redis bookkeeping in one ZREM and one HDEL."""
             qos = self.qos
-            with qos.pipe_or_acquire() as pipe:
-                for tag in tags:
-                    pipe.zrem(qos.unacked_index_key, tag).hdel(qos.unacked_key, tag)
-                pipe.execute()
+            if tags:
+                with qos.pipe_or_acquire() as pipe:
+                    pipe.zrem(qos.unacked_index_key, *tags).hdel(qos.unacked_key, *tags).execute()
             base_ack = super(type(qos), qos).ack
             for tag in tags:
                 with contextlib.suppress(KeyError):  # a tag this channel no longer holds
