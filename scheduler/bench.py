@@ -110,6 +110,7 @@ class Bench:
         started = time.perf_counter()
         job_ids = self._submit([self._spec("IMMEDIATE") for _ in range(n)])
         enqueue_s = time.perf_counter() - started
+        self._refresh_statistics()
         with self._daemons() as executed:
             t0 = time.perf_counter()
             self._wait(executed, n, "running")
@@ -134,6 +135,7 @@ class Bench:
             specs = [self._spec("ONE_OFF", run_at=due_ms, priority=low) for _ in range(n)]
             specs += [self._spec("ONE_OFF", run_at=due_ms, priority=Priority.CRITICAL) for _ in range(critical)]
             job_ids = self._submit(specs, bulk=True)
+            self._refresh_statistics()
             if self.d.clock.now_ms() >= due_ms:
                 raise RuntimeError(f"submitting took longer than the lead time of {lead_s} s: raise --lead")
             self._wait(executed, len(specs), "running")
@@ -154,6 +156,7 @@ class Bench:
             step_ms = over_s * 1000 / n
             specs = [self._spec("ONE_OFF", run_at=start_ms + round(i * step_ms)) for i in range(n)]
             job_ids = self._submit(specs, bulk=True)
+            self._refresh_statistics()
             self._wait(executed, n, "running")
             elapsed = (self.d.clock.now_ms() - start_ms) / 1000
         runs = self._runs(job_ids)
@@ -179,6 +182,13 @@ class Bench:
                 ids.extend(self.client.submit(spec).job.job_id for spec in chunk)
             self.progress("enqueueing", len(ids), len(specs))
         return ids
+
+    def _refresh_statistics(self) -> None:
+        """Planner statistics as an established deployment has them (see `PostgresStore.analyze`),
+        so the figures are not those of a table PostgreSQL still believes empty."""
+        analyze = getattr(self.d.store, "analyze", None)
+        if callable(analyze):
+            analyze()
 
     @contextmanager
     def _daemons(self) -> Iterator[Path]:

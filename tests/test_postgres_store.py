@@ -316,6 +316,35 @@ class TestStore:
             t.join()
         assert errors == []
 
+    def test_a_batch_reaches_its_runs_by_primary_key_even_when_statistics_say_none_are_in_that_state(
+        self, store: PostgresStore
+    ) -> None:
+        # Analyzed while every run was SCHEDULED, the statistics say no run is CLAIMED. A condition
+        # on state alone would then start from the lease index and compare every claimed run with
+        # every row of the batch; the statement must instead look each row up by its run id.
+        runs = due_runs(2000)
+        store.add_runs(runs)
+        store.analyze()
+        assert execute(store, "SELECT last_analyze FROM pg_stat_user_tables WHERE relid = '{runs}'::regclass")[0][
+            "last_analyze"
+        ]
+        claimed = store.claim([r.run_id for r in runs[:500]], T0, "scanner", 30_000)
+        moves = [
+            Transition(r.run_id, frozenset({S.CLAIMED}), S.DISPATCHED, r.fence, {"dispatched_ms": T0}, at_ms=T0)
+            for r in claimed
+        ]
+        sql, params = store._group_sql(moves)
+
+        def plan(conn: Any) -> str:
+            conn.execute("SET LOCAL enable_hashjoin = off")
+            conn.execute("SET LOCAL enable_mergejoin = off")
+            rows = conn.execute(f"EXPLAIN (COSTS OFF) {sql}", params).fetchall()
+            return "\n".join(str(r["QUERY PLAN"]) for r in rows)
+
+        text = store.db.run(plan)
+        assert "jobq_runs_pkey" in text and "Join Filter" not in text, text
+        assert all(store.transition(moves))
+
     def test_concurrent_requests_with_one_idempotency_key_create_one_job(self, store: PostgresStore) -> None:
         def record(job_id: str) -> IdempotencyRecord:
             return IdempotencyRecord(
