@@ -166,6 +166,25 @@ def test_the_scanner_dispatches_critical_runs_before_lower_tiers(h: Harness) -> 
     assert all(h.client.get(low.job_id).current_run.state is RunState.SCHEDULED for low in lows)  # type: ignore[union-attr]
 
 
+def test_the_scanner_grows_its_batch_while_passes_come_back_full_and_starts_small_again(h: Harness) -> None:
+    @h.app.task(name="t.noop")
+    def noop() -> None:
+        pass
+
+    now = h.clock.now_ms()
+    for _ in range(20):
+        noop.schedule(at=now)
+    h.scanner.base_batch = h.scanner.batch = 2
+    passes = [h.scanner.run_once(now) for _ in range(5)]
+    assert passes == [2, 4, 8, 6, 0]  # doubling while full; 6 of 16 is not full
+    assert h.scanner.batch == 2  # the pass after a quiet one is small again
+    h.scanner.base_batch = h.scanner.batch = 1000
+    for _ in range(12):
+        h.scanner._full = True
+        h.scanner._resize()
+    assert h.scanner.batch == 4000  # at most four times the configured batch
+
+
 def test_a_critical_run_enqueued_after_1000_low_runs_starts_next(h: Harness) -> None:
     order: list[str] = []
 
