@@ -350,12 +350,16 @@ class Worker(Daemon):
                 return
             batch = [first]
             stop = False
-            # Outcomes that arrive within a moment of the first share its store batch and ack.
+            # While other runs are still executing, outcomes that arrive within a moment of the
+            # first share its store batch and ack; a lone outcome is written at once.
             gather_by = time.monotonic() + _COMPLETE_GATHER_S
             while len(batch) < _COMPLETE_BATCH:
                 try:
                     left = gather_by - time.monotonic()
-                    more = self._done.get(timeout=left) if left > 0 else self._done.get_nowait()
+                    if left > 0 and self._in_flight > len(batch):
+                        more = self._done.get(timeout=left)
+                    else:
+                        more = self._done.get_nowait()
                 except queue.Empty:
                     break
                 if more is None:

@@ -129,7 +129,6 @@ def test_a_cron_webhook_fires_signed_with_its_run_id_and_fence(stack: Stack, rec
     assert created.status_code == 201, created.text
     job_id = created.json()["job_id"]
     stack.wait(lambda: hook.requests, 15, "the cron webhook to fire")
-    assert client.delete(f"/v1/jobs/{job_id}").status_code == 204
     got = hook.requests[0]
     h = got.headers
     assert verify(secret, h["x-jobq-timestamp"], got.body, h["x-jobq-signature"])
@@ -141,6 +140,9 @@ def test_a_cron_webhook_fires_signed_with_its_run_id_and_fence(stack: Stack, rec
         10,
         "the run to be recorded as SUCCEEDED",
     )
+    # Deleted only now: a delete cancels unfinished runs, so one that raced the outcome's write
+    # would be cancelled and its (correctly) fenced-out outcome never recorded.
+    assert client.delete(f"/v1/jobs/{job_id}").status_code == 204
     assert done[0]["result"] == {"status": 200, "body": "ok"}
     assert done[0]["fencing_token"] == int(h["x-jobq-fence"])
 
