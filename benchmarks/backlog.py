@@ -99,7 +99,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=2000)
     args = parser.parse_args()
     report: dict[str, Any] = {"runs": args.runs, "stack": args.stack}
-    with private_redis() as (redis_url, _server), stack(args.stack, redis_url=redis_url, horizon_s="7200") as urls:
+    with private_redis() as redis_url, stack(args.stack, redis_url=redis_url, horizon_s="7200") as urls:
         d = connect(Settings.load(urls, env={}))
         try:
             report["idle_tick_ms_empty"] = idle_tick_ms(d)

@@ -111,39 +111,13 @@ def moto_server() -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def private_redis() -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    """A redis-server of the benchmark's own, so INFO memory counts only what jobq stored."""
-    import socket
+def private_redis() -> Iterator[str]:
+    """A redis-server of the benchmark's own (the peers' harness starts it), so INFO memory counts
+    only what jobq stored."""
+    from peers.harness import PrivateRedis
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    directory = tempfile.mkdtemp(prefix="jobq-redis-")
-    proc = subprocess.Popen(
-        [
-            "redis-server",
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            directory,
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    server = PrivateRedis()
     try:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            time.sleep(0.05)
-        yield f"redis://127.0.0.1:{port}/0", proc
+        yield server.url
     finally:
-        proc.kill()
-        proc.wait(timeout=10)
+        server.stop()
