@@ -32,9 +32,13 @@ def daemon_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def run_until_stopped(d: Deployment, daemons: Sequence[Daemon], on_start: Callable[[], None] | None = None) -> None:
     """Run each daemon's loop in a thread until SIGTERM/SIGINT, then let each finish its pass,
-    hand back what it holds, and exit. A second Ctrl-C exits at once."""
+    hand back what it holds, and exit. A second Ctrl-C exits at once.
+
+    A loop never ends on its own (each retries its errors forever); if one does, that is a bug:
+    the others are stopped and the process exits with status 1, so a supervisor restarts it."""
     stop = threading.Event()
     log = logging.getLogger("jobq")
+    ended: list[str] = []
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         if stop.is_set() and signum == signal.SIGINT:
@@ -48,16 +52,26 @@ def run_until_stopped(d: Deployment, daemons: Sequence[Daemon], on_start: Callab
     def health() -> bool:
         return all(x.healthy() for x in daemons)
 
+    def loop(daemon: Daemon) -> None:
+        try:
+            daemon.run_forever(stop)
+        except BaseException:
+            log.exception("the %s loop raised", daemon.name)
+            raise
+        finally:
+            if not stop.is_set():
+                ended.append(daemon.name)
+
     server = metrics.serve(d.settings.metrics_port, health=health) if d.settings.metrics_port else None
-    threads = [threading.Thread(target=x.run_forever, args=(stop,), name=f"jobq-{x.name}") for x in daemons]
+    threads = [threading.Thread(target=loop, args=(x,), name=f"jobq-{x.name}") for x in daemons]
     for t in threads:
         t.start()
     try:
         if on_start is not None:
             on_start()
         while not stop.wait(0.5):
-            if not all(t.is_alive() for t in threads):
-                log.error("a daemon loop ended unexpectedly; stopping the others")
+            if ended or not all(t.is_alive() for t in threads):
+                log.error("the %s loop ended unexpectedly; stopping the others", ", ".join(ended) or "a daemon")
                 stop.set()
     finally:
         stop.set()
@@ -66,6 +80,8 @@ def run_until_stopped(d: Deployment, daemons: Sequence[Daemon], on_start: Callab
         if server is not None:
             server.shutdown()
         d.close()
+    if ended:
+        raise SystemExit(1)
 
 
 def _settings(options: dict[str, Any], **more: Any) -> Settings:

@@ -32,6 +32,7 @@ class Daemon:
         self.total = 0
         self.passes = 0
         self.last_beat = time.monotonic()  # when the loop last came round; see `healthy`
+        self.failing_since: float | None = None  # when the current run of failing passes began
 
     def run_once(self, now_ms: int) -> int:
         """Do one pass of work as of `now_ms`; return how many items it handled."""
@@ -50,10 +51,18 @@ class Daemon:
 
     def healthy(self, max_silence_s: float = 60.0) -> bool:
         """Whether the loop is still coming round (a pass, or a wait between passes, ended within
-        `max_silence_s`); a loop stuck in a call that never returns turns this False."""
-        return time.monotonic() - self.last_beat <= max(max_silence_s, 3 * self.interval_s)
+        `max_silence_s`) and has not been failing for longer than `max_silence_s`: a loop stuck in a
+        call that never returns, or retrying a dependency that stays down, turns this False."""
+        now = time.monotonic()
+        if self.failing_since is not None and now - self.failing_since > max(max_silence_s, 3 * self.interval_s):
+            return False
+        return now - self.last_beat <= max(max_silence_s, 3 * self.interval_s)
 
     def run_forever(self, stop: threading.Event) -> None:
+        """Pass after pass until `stop`. Every call of a pass, the pacing included (the scanner asks
+        its index when the next run is due), is under one retry with exponential backoff, so a
+        transient error never ends the loop; a loop that does end otherwise is a bug, and the
+        process exits non-zero (`jobq.cli.daemons.run_until_stopped`)."""
         self.log.info("%s started", self.name)
         next_tick = time.monotonic()
         failures = 0
@@ -61,25 +70,31 @@ class Daemon:
             self.last_beat = time.monotonic()
             try:
                 done = self.run_once(self.clock.now_ms())
-                failures = 0
+                busy = self.busy(done)
+                sleep_s = 0.0
+                if not busy:
+                    next_tick += self.interval_s
+                    now = time.monotonic()
+                    next_tick = max(next_tick, now)  # fell behind: resume the cadence from here rather than bursting
+                    sleep_s = max(0.0, min(next_tick - now, self.wait_s(self.interval_s)))
+                    next_tick = min(next_tick, now + sleep_s)  # an early wake-up starts the next cadence
+                else:
+                    next_tick = time.monotonic()
             except Exception:
                 failures += 1
+                if self.failing_since is None:
+                    self.failing_since = time.monotonic()
                 METRICS.loop_errors.inc(daemon=self.name)
                 self.log.exception("%s pass failed (%d in a row)", self.name, failures)
                 stop.wait(min(MAX_BACKOFF_S, 0.25 * 2**failures))
                 next_tick = time.monotonic()
                 continue
+            failures = 0
+            self.failing_since = None
             self.total += done
             self.passes += 1
-            if self.busy(done):
-                next_tick = time.monotonic()
-                continue
-            next_tick += self.interval_s
-            now = time.monotonic()
-            next_tick = max(next_tick, now)  # fell behind: resume the cadence from here rather than bursting
-            sleep_s = max(0.0, min(next_tick - now, self.wait_s(self.interval_s)))
-            next_tick = min(next_tick, now + sleep_s)  # an early wake-up starts the next cadence
-            stop.wait(sleep_s)
+            if sleep_s > 0:
+                stop.wait(sleep_s)
         self.on_stop()
         self.log.info("%s stopped after %d passes, %d items", self.name, self.passes, self.total)
 
