@@ -45,7 +45,14 @@ class Envelope:
 def envelope_for(run: Run, job: Job) -> Envelope:
     """The message that dispatches `run` (of `job`) at its current fence and attempt."""
     return Envelope(
-        run.run_id, run.job_id, run.fence, job.task_name, run.priority, run.attempt, job.payload, last=not job.recurring
+        run.run_id,
+        run.job_id,
+        run.fence,
+        job.task_name,
+        run.priority,
+        run.attempt,
+        job.payload,
+        last=job.completed_by(run.nominal_ms),
     )
 
 

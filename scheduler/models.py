@@ -211,6 +211,11 @@ class Job(_Record):
     def recurring(self) -> bool:
         return self.schedule.type is ScheduleType.CRON
 
+    def completed_by(self, nominal_ms: int) -> bool:
+        """Whether the final outcome of the run firing at `nominal_ms` completes this job: a one-off's
+        (or an instant job's) own run does; a run triggered at another time never does."""
+        return not self.recurring and self.schedule.at_ms == nominal_ms
+
 
 class Run(_Record):
     run_id: str

@@ -90,7 +90,7 @@ class Reaper(Daemon):
                 at_ms=now_ms,
             )
         changes = {**cleared, "last_error": error, "dead_letter": True, "finished_ms": now_ms}
-        finish = JobStatus.COMPLETED if job is not None and not job.recurring else None
+        finish = JobStatus.COMPLETED if job is not None and job.completed_by(run.nominal_ms) else None
         return Transition(
             run.run_id,
             frozenset({RunState.RUNNING}),
