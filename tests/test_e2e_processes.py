@@ -18,7 +18,8 @@ from stacks import STACKS, Stack, stack
 
 from jobq.client import Client
 from jobq.codec import Envelope
-from jobq.daemons.worker import Worker, _Active, _Started
+from jobq.daemons.worker import Worker
+from jobq.daemons.worker.attempt import Attempt, Outcome
 from jobq.metrics import METRICS
 from jobq.models import Priority, RunState, TaskTarget
 from jobq.ports import Delivery, RunQuery
@@ -194,13 +195,17 @@ def test_a_killed_worker_s_run_is_reclaimed_and_completed_elsewhere_with_a_highe
         # a worker holding the old start runs the task to its end and writes the outcome.
         registry = TaskRegistry()
         registry.add(TaskDef("e2e.slow", lambda *args: None))
-        late_worker = Worker(deployment, registry, worker_id="worker-a")
+        late_worker = Worker(deployment, registry, worker_id="worker-a", background=False)
         before = METRICS.fenced_writes.value(op="complete")
         envelope = Envelope(held.run_id, held.job_id, held.fence, "e2e.slow", held.priority, held.attempt, {})
         ctx = TaskContext(held.run_id, held.job_id, held.attempt, held.fence, "e2e.slow", "worker-a")
+        task = registry.get("e2e.slow")
+        assert task is not None
         delivery = Delivery("default", b"", "0:stale", 1)
-        started = _Started(delivery, envelope, held, registry.get("e2e.slow"), _Active(held, ctx, delivery, 0, None, 0))
-        late_worker._complete([late_worker._run(started)])
+        stale = Attempt(held, None, envelope, delivery, task, {}, ctx, started_ms=0, timeout_s=None, beat_ms=0)
+        late_worker.state.add([stale])
+        late_worker.finished(stale.key, Outcome(result=None))
+        assert late_worker.complete_once(deployment.clock.now_ms()) == 1
         assert METRICS.fenced_writes.value(op="complete") == before + 1
         after = client.run(held.run_id)
         assert (after.state, after.fence, after.attempt) == (RunState.SUCCEEDED, final.fence, 2)

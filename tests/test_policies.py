@@ -223,6 +223,7 @@ def test_a_task_past_its_timeout_fails_its_attempt_and_sees_lease_lost(h: Harnes
         threading.Event().wait(0.01)
     h.advance(6)
     worker.monitor_once(h.clock.now_ms())
+    worker.complete_once(h.clock.now_ms())  # the timeout is an outcome: the completer makes it durable
     assert seen and seen[0].lease_lost.is_set()
     run = h.client.get(handle.job_id).current_run
     assert run is not None and run.state is RunState.SCHEDULED and run.attempt == 2

@@ -1,0 +1,252 @@
+"""The consumer: takes deliveries in strict priority order, never more than the free slots, and
+starts their runs in one store batch.
+
+Per batch: decode the envelopes, read their jobs (one batch read, before anything starts, so a
+store error costs no attempt), end the runs whose job was cancelled or paused meanwhile, and
+move the rest to RUNNING under this worker's lease (a compare-and-set on the envelope's fence:
+a lost one means the run moved on and the message is dropped). Only what the start wrote is
+handed to the pool. Once runs have started, a broker error acking or returning the other
+deliveries is logged, never raised: those messages come back after their visibility timeout
+and fail the start compare-and-set then.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from jobq.codec import Envelope, UndecodableMessage, decode
+from jobq.daemons.base import event
+from jobq.daemons.worker.attempt import STARTABLE, Attempt, Outcome
+from jobq.daemons.worker.execution import webhook_task
+from jobq.daemons.worker.pools import Done, Pool
+from jobq.daemons.worker.state import WorkerState
+from jobq.metrics import METRICS
+from jobq.models import WEBHOOK_TASK, Job, JobStatus, Run, RunState, Transition
+from jobq.ports import Delivery
+from jobq.tasks import TaskContext, TaskDef, TaskRegistry, WebhookCaller
+from jobq.wiring import Deployment
+
+UNKNOWN_TASK_REDELIVERIES = 5  # other workers may serve it; after this many deliveries the run fails
+PAUSED_RECHECK_MS = 5_000  # a run whose job is paused goes back to wait; pause itself parks it
+
+
+@dataclass
+class _Wanted:
+    delivery: Delivery
+    envelope: Envelope
+    task: TaskDef | None  # None: nobody serves it (after enough redeliveries): it fails at once
+
+
+class Consumer:
+    def __init__(
+        self,
+        deployment: Deployment,
+        state: WorkerState,
+        pool: Pool,
+        registry: TaskRegistry,
+        *,
+        worker_id: str,
+        queues: Sequence[str],
+        lease_ms: int,
+        webhook: WebhookCaller | None,
+        on_done: Done,
+    ) -> None:
+        self.d = deployment
+        self.state = state
+        self.pool = pool
+        self.registry = registry
+        self.worker_id = worker_id
+        self.queues = list(queues)
+        self.lease_ms = lease_ms
+        self.webhook = webhook
+        self.on_done = on_done
+        self.log = logging.getLogger("jobq.worker")
+
+    def take(self, wait_s: float = 0.0) -> int:
+        """Consume up to the free slots' worth of deliveries and start them; the number taken."""
+        free = self.state.free()
+        if free <= 0:
+            return 0
+        deliveries = self.d.transport.consume(self.queues, free, wait_s)
+        if deliveries:
+            self.begin(deliveries)
+        return len(deliveries)
+
+    def begin(self, deliveries: Sequence[Delivery]) -> list[Attempt]:
+        """Start the runs of `deliveries` and hand them to the pool; returns the attempts started.
+        Raises only before anything started (the deliveries are then returned to the broker)."""
+        wanted, drop, hand_on = self._sort(deliveries)
+        attempts: list[Attempt] = []
+        if wanted:
+            try:
+                attempts, ended = self._start(wanted)
+            except Exception:
+                self._settle(ack=drop, nack=[w.delivery for w in wanted] + hand_on)
+                raise
+            drop += ended
+        self._settle(ack=drop, nack=hand_on, delay_s=1.0)
+        for attempt in attempts:
+            if attempt.task is _UNSERVED:
+                error = f"UnknownTask: no worker serves {attempt.envelope.task!r}"
+                self.on_done(attempt.key, Outcome(error=error, retryable=False))
+            else:
+                self.pool.submit(attempt, self.on_done)
+        return attempts
+
+    # -- steps ----------------------------------------------------------------------------------
+
+    def _sort(self, deliveries: Sequence[Delivery]) -> tuple[list[_Wanted], list[Delivery], list[Delivery]]:
+        wanted: list[_Wanted] = []
+        drop: list[Delivery] = []
+        hand_on: list[Delivery] = []
+        for delivery in deliveries:
+            try:
+                envelope = decode(delivery.body)
+            except UndecodableMessage as exc:
+                self.log.error("dropping undecodable message from %s: %s", delivery.queue, exc)
+                drop.append(delivery)
+                continue
+            task = self.registry.get(envelope.task)
+            if task is None and envelope.task == WEBHOOK_TASK and self.webhook is not None:
+                task = _WEBHOOK
+            if task is None and delivery.delivery_count < UNKNOWN_TASK_REDELIVERIES:
+                hand_on.append(delivery)  # another worker may serve it
+                continue
+            wanted.append(_Wanted(delivery, envelope, task))
+        return wanted, drop, hand_on
+
+    def _start(self, wanted: list[_Wanted]) -> tuple[list[Attempt], list[Delivery]]:
+        """One job read and one transition batch: starts, and the ends of runs whose job is gone,
+        cancelled or paused. Returns the attempts started and the deliveries to drop."""
+        now = self.d.clock.now_ms()
+        jobs = self.d.store.get_jobs(list({w.envelope.job_id for w in wanted}))
+        moves: list[Transition] = []
+        for w in wanted:
+            moves.append(self._start_or_end(w.envelope, jobs.get(w.envelope.job_id), now))
+        try:
+            results = self.d.store.transition(moves)
+        except Exception:
+            results = self._confirm(moves, now)  # a start may have applied before the error
+        attempts: list[Attempt] = []
+        ended: list[Delivery] = []
+        events = []
+        for w, move, run in zip(wanted, moves, results, strict=True):
+            if run is None or move.to_state is not RunState.RUNNING:
+                if run is None:
+                    METRICS.stale_deliveries.inc()
+                ended.append(w.delivery)
+                continue
+            job = jobs.get(run.job_id)
+            attempts.append(self._attempt(w, run, job, now))
+            METRICS.start_lateness.observe(max(0, now - run.due_ms) / 1000, priority=run.priority.value)
+            events.append(event(run, "STARTED", now, worker=self.worker_id))
+        self.state.add(attempts)
+        if events:
+            self.d.history.record(events)  # before the pool can record an outcome
+        return attempts, ended
+
+    def _start_or_end(self, envelope: Envelope, job: Job | None, now: int) -> Transition:
+        """The start write, or (its job gone, cancelled or paused since dispatch) the write that
+        ends or holds the run instead. Every one is fenced: a late copy of the message fails it."""
+        status = None if job is None else job.status
+        if status is None or status is JobStatus.CANCELLED:
+            return Transition(
+                envelope.run_id,
+                STARTABLE,
+                RunState.CANCELLED,
+                envelope.fence,
+                {
+                    "last_error": "its job was cancelled",
+                    "finished_ms": now,
+                    "lease_owner": None,
+                    "lease_expires_ms": None,
+                },
+                bump_fence=True,
+                at_ms=now,
+            )
+        if status is JobStatus.PAUSED:
+            return Transition(
+                envelope.run_id,
+                STARTABLE,
+                RunState.SCHEDULED,
+                envelope.fence,
+                {"due_ms": now + PAUSED_RECHECK_MS, "lease_owner": None, "lease_expires_ms": None},
+                bump_fence=True,
+                at_ms=now,
+            )
+        return Transition(
+            envelope.run_id,
+            STARTABLE,
+            RunState.RUNNING,
+            envelope.fence,
+            {
+                "lease_owner": self.worker_id,
+                "lease_expires_ms": now + self.lease_ms,
+                "last_heartbeat_ms": now,
+                "started_ms": now,
+            },
+            at_ms=now,
+        )
+
+    def _confirm(self, moves: Sequence[Transition], now: int) -> list[Run | None]:
+        """After a start batch raised: which of its writes applied all the same. A start that did
+        holds the run under this worker's lease and is kept; the others did not happen."""
+        current = self.d.store.get_runs([m.run_id for m in moves])
+        confirmed: list[Run | None] = []
+        for move in moves:
+            run = current.get(move.run_id)
+            applied = (
+                run is not None
+                and run.state is move.to_state
+                and run.updated_ms == now
+                and run.fence == (move.expect_fence or 0) + (1 if move.bump_fence else 0)
+                and (move.to_state is not RunState.RUNNING or run.lease_owner == self.worker_id)
+            )
+            confirmed.append(run if applied else None)
+        self.log.warning(
+            "a start batch raised; %d of %d writes had applied", sum(1 for r in confirmed if r), len(moves)
+        )
+        return confirmed
+
+    def _attempt(self, w: _Wanted, run: Run, job: Job | None, now: int) -> Attempt:
+        task = w.task
+        is_webhook = task is _WEBHOOK
+        if is_webhook and self.webhook is not None and job is not None:
+            task = webhook_task(self.webhook, job)
+        timeout_s = None
+        if task is not None:
+            timeout_s = task.timeout_s if task.timeout_s is not None else (job.timeout_s if job else None)
+        payload = w.envelope.payload if w.envelope.payload_inline else (job.payload if job else None)
+        ctx = TaskContext(run.run_id, run.job_id, run.attempt, run.fence, w.envelope.task, self.worker_id)
+        return Attempt(
+            run=run,
+            job=job,
+            envelope=w.envelope,
+            delivery=w.delivery,
+            task=task or _UNSERVED,
+            payload=None if is_webhook else payload,
+            ctx=ctx,
+            started_ms=now,
+            timeout_s=timeout_s,
+            beat_ms=now,
+        )
+
+    def _settle(self, *, ack: Sequence[Delivery], nack: Sequence[Delivery], delay_s: float = 0.0) -> None:
+        """Drop or return deliveries that will not run here. A broker error is logged, not raised:
+        the messages come back after their visibility timeout and are settled then."""
+        try:
+            if nack:
+                self.d.transport.nack(nack, delay_s=delay_s)
+            if ack:
+                self.d.transport.ack(ack)
+        except Exception:
+            METRICS.loop_errors.inc(daemon="worker")
+            self.log.exception(
+                "could not settle %d deliveries; they come back after their visibility timeout", len(ack) + len(nack)
+            )
+
+
+_UNSERVED = TaskDef("jobq.unserved", lambda: None)  # a marker: the run fails as UnknownTask
+_WEBHOOK = TaskDef(WEBHOOK_TASK, lambda: None)  # a marker: resolved per run by `webhook_task`

@@ -1,0 +1,255 @@
+"""The worker: a consumer, a pool, a completer and a lease monitor around one `WorkerState`.
+
+Every decision lives in those parts and takes `now`; this module is the runtime that moves
+data between them: the consumer loop (here), a completer thread and a monitor thread. Driven
+by hand instead (`background=False`), `run_once`, `complete_once` and `monitor_once` step the
+same core with no threads of its own, as the simulation does.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+
+from jobq.daemons.base import MAX_BACKOFF_S, Daemon
+from jobq.daemons.worker.attempt import Attempt, AttemptKey, Outcome, Phase, completes_job, failure, hand_back, success
+from jobq.daemons.worker.completer import Completer
+from jobq.daemons.worker.consumer import Consumer
+from jobq.daemons.worker.monitor import LeaseMonitor
+from jobq.daemons.worker.pools import Pool, make_pool
+from jobq.daemons.worker.state import WorkerState
+from jobq.ids import new_worker_id
+from jobq.metrics import METRICS
+from jobq.ports import HealthCheck
+from jobq.tasks import TaskRegistry, WebhookCaller
+from jobq.wiring import Deployment
+
+MONITOR_TICK_S = 0.5
+COMPLETE_GATHER_S = 0.002  # while other runs execute, outcomes this close together share a batch
+REFILL_WAIT_S = 0.005  # how long a busy worker waits for half its slots before consuming
+DRAIN_S = 10.0  # at shutdown, how long outcomes may take to become durable before the leases are left to expire
+UNHEALTHY_AFTER_S = 60.0  # outcome writes failing this long, or every slot lost, turn /healthz red
+
+
+class Worker(Daemon):
+    name = "worker"
+
+    def __init__(
+        self,
+        deployment: Deployment,
+        registry: TaskRegistry,
+        *,
+        queues: Sequence[str] | None = None,
+        concurrency: int | None = None,
+        worker_id: str | None = None,
+        webhook: WebhookCaller | None = None,
+        pool: Pool | str = "threads",
+        background: bool = True,
+    ) -> None:
+        super().__init__(deployment)
+        self.registry = registry
+        self.queues = list(queues or self.settings.queues)
+        self.concurrency = concurrency or self.settings.concurrency
+        self.worker_id = worker_id or new_worker_id("worker")
+        self.poll_s = 0.1
+        self.background = background
+        lease_ms = round(self.settings.lease_s * 1000)
+        self.state = WorkerState(self.concurrency)
+        self.pool = make_pool(pool) if isinstance(pool, str) else pool
+        self.consumer = Consumer(
+            deployment,
+            self.state,
+            self.pool,
+            registry,
+            worker_id=self.worker_id,
+            queues=self.queues,
+            lease_ms=lease_ms,
+            webhook=webhook,
+            on_done=self.finished,
+        )
+        self.completer = Completer(deployment, self.state, worker_id=self.worker_id)
+        self.monitor = LeaseMonitor(
+            deployment,
+            self.state,
+            self.pool,
+            worker_id=self.worker_id,
+            lease_ms=lease_ms,
+            heartbeat_ms=round(self.settings.heartbeat_s * 1000),
+        )
+        self._threads: list[threading.Thread] = []
+        self._started = False
+        self._start_lock = threading.Lock()
+        self._stopping = threading.Event()  # the completer and monitor threads stop once it is set
+
+    # -- the core, one step at a time -----------------------------------------------------------
+
+    def run_once(self, now_ms: int, wait_s: float = 0.0) -> int:
+        """Take up to the free slots' worth of deliveries and start them."""
+        self.start()
+        return self.consumer.take(wait_s)
+
+    def complete_once(self, now_ms: int) -> int:
+        """Write the outcomes that are due; returns how many were settled."""
+        return self.completer.complete(now_ms)
+
+    def monitor_once(self, now_ms: int) -> None:
+        """Apply time limits and renew the leases that are due."""
+        self.monitor.check(now_ms)
+
+    def finished(self, key: AttemptKey, outcome: Outcome) -> None:
+        """The pool's report of an execution: decide its outcome write (any thread)."""
+        now = self.clock.now_ms()
+
+        def decide(attempt: Attempt) -> None:
+            if outcome.ok:
+                move = success(
+                    attempt.run, outcome.result, self.worker_id, now, completes_job(attempt.job, attempt.run)
+                )
+                attempt.decide(move, "SUCCEEDED", None, now)
+            else:
+                move, kind = failure(attempt.run, attempt.job, outcome, self.worker_id, now)
+                attempt.decide(move, kind, outcome.error, now)
+
+        self.state.finish(key, decide)
+
+    @property
+    def completed(self) -> int:
+        return self.completer.completed
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Register the served tasks, start the pool and (in the background) the completer and the
+        monitor. Idempotent; raises when the store cannot be reached (the loop retries)."""
+        with self._start_lock:
+            if self._started:
+                return
+            self.store.register_worker(self.worker_id, sorted(self.registry.names()), self.queues, self.clock.now_ms())
+            self.pool.start(self.concurrency)
+            if self.background:
+                for target, name in ((self._completer_loop, "jobq-completer"), (self._monitor_loop, "jobq-monitor")):
+                    thread = threading.Thread(target=target, name=name, daemon=True)
+                    thread.start()
+                    self._threads.append(thread)
+            self._started = True
+            self.log.info(
+                "worker %s serving %s with %d %s slots",
+                self.worker_id,
+                ",".join(self.queues),
+                self.concurrency,
+                getattr(self.pool, "name", "?"),
+            )
+
+    def run_forever(self, stop: threading.Event) -> None:
+        failures = 0
+        while not stop.is_set():
+            self.last_beat = time.monotonic()
+            if self._started:
+                self._wait_for_slots(stop)
+                if stop.is_set():
+                    break
+            try:
+                self.start()
+                self.consumer.take(wait_s=self.poll_s)
+                failures = 0
+                self.failing_since = None
+            except Exception:
+                failures += 1
+                if self.failing_since is None:
+                    self.failing_since = time.monotonic()
+                METRICS.loop_errors.inc(daemon=self.name)
+                self.log.exception("consume failed (%d in a row)", failures)
+                stop.wait(min(MAX_BACKOFF_S, 0.25 * 2**failures))
+        if self._started:
+            self.shutdown()
+
+    def _wait_for_slots(self, stop: threading.Event) -> None:
+        """Until a slot is free; then, while busy, a moment more for half the slots, since every
+        consume and start batch costs about as much as a few dozen runs."""
+        while self.state.free() <= 0 and not stop.is_set():
+            self.state.wait(lambda: self.state.free() > 0, 0.2)
+            self.last_beat = time.monotonic()
+        refill_at = max(1, self.concurrency // 2)
+        if self.state.free() < refill_at and not stop.is_set():
+            self.state.wait(lambda: self.state.free() >= refill_at, REFILL_WAIT_S)
+
+    def _completer_loop(self) -> None:
+        while True:
+            now = self.clock.now_ms()
+            try:
+                done = self.completer.complete(now)
+            except Exception:  # a bug, not an outage (those are retried inside): keep the loop alive
+                METRICS.loop_errors.inc(daemon="completer")
+                self.log.exception("completer pass failed")
+                done = 0
+            if self._stopping.is_set() and self.state.busy() == 0:
+                return
+            if done:
+                continue
+            next_ms = self.state.next_write_ms()
+            timeout_s = 0.2 if next_ms is None else min(0.2, max(0.0, (next_ms - now) / 1000))
+            self.state.wait(self._write_due, timeout_s)
+            if self.state.executing() > 0:
+                time.sleep(COMPLETE_GATHER_S)
+
+    def _write_due(self) -> bool:
+        return bool(self.state.completing(self.clock.now_ms(), 1)) or self._stopping.is_set()
+
+    def _monitor_loop(self) -> None:
+        while not self._stopping.wait(MONITOR_TICK_S):
+            try:
+                self.monitor.check(self.clock.now_ms())
+            except Exception:
+                METRICS.loop_errors.inc(daemon="monitor")
+                self.log.exception("heartbeat pass failed")
+
+    def healthy(self, max_silence_s: float = 60.0) -> bool:
+        """The loop comes round; outcome writes have not been failing for long; not every slot is
+        lost to a task past its time limit; and, with a slot free, the transport reaches the broker."""
+        if not super().healthy(max_silence_s):
+            return False
+        failing_since = self.completer.failing_since_ms
+        if failing_since is not None and self.clock.now_ms() - failing_since > UNHEALTHY_AFTER_S * 1000:
+            return False
+        if self.state.lost_slots() >= self.concurrency:
+            return False
+        transport = self.d.transport
+        busy = self.state.free() <= 0
+        return busy or not isinstance(transport, HealthCheck) or transport.health_check(max_silence_s)
+
+    def wait_idle(self, timeout_s: float = 10.0) -> bool:
+        """Block until nothing is held: every started attempt finished and its outcome is settled."""
+        return self.state.wait(lambda: not self.state.held, timeout_s)
+
+    def shutdown(self) -> None:
+        """Stop: wait up to `shutdown_grace_s` for running tasks, hand the rest back (fence+1,
+        SCHEDULED now, no attempt used) so another worker runs them without waiting for a lease,
+        and let every outcome become durable before leaving."""
+        grace = self.settings.shutdown_grace_s
+        if not self.state.wait(lambda: self.state.executing() == 0, grace):
+            now = self.clock.now_ms()
+            left = [a for a in self.state.snapshot() if a.phase is Phase.EXECUTING]
+            for attempt in left:
+
+                def decide(a: Attempt) -> None:
+                    a.decide(
+                        hand_back(a.run, self.worker_id, now, "handed back: worker shut down"), "HANDED_BACK", None, now
+                    )
+
+                if self.state.give_up(attempt, decide):
+                    attempt.ctx.lease_lost.set()
+                    if self.pool.stop(attempt):
+                        self.state.recover(attempt.key)
+            self.log.warning("handing back %d unfinished runs", len(left))
+        if self.background:
+            if not self.wait_idle(DRAIN_S):
+                self.log.error("%d outcomes could not be written; their leases will expire", self.state.busy())
+        else:
+            while self.completer.complete(self.clock.now_ms()):
+                pass
+        self._stopping.set()
+        for thread in self._threads:
+            thread.join(timeout=2)
+        self.pool.close(0)
+        self.log.info("worker %s stopped after %d runs", self.worker_id, self.completed)

@@ -1,0 +1,65 @@
+"""Calling a task: arguments in, an `Outcome` out. No store, no broker: pools call this.
+
+A task's exception becomes a failed outcome; an exception may say how it is to be treated
+(webhook responses do): whether it is retryable, how long the server asked us to wait, and
+what to keep on the run.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from jobq.daemons.worker.attempt import ERROR_MAX_CHARS, Outcome
+from jobq.models import WEBHOOK_TASK, Job, WebhookTarget
+from jobq.tasks import TaskContext, TaskDef, WebhookCaller
+
+RESULT_MAX_BYTES = 64 * 1024
+
+
+def execute(task: TaskDef, ctx: TaskContext, payload: Any) -> Outcome:
+    """Run `task` with the run's payload; never raises (but for BaseExceptions such as SystemExit)."""
+    args, kwargs = arguments(payload)
+    try:
+        return Outcome(result=jsonable(task.call(ctx, args, kwargs)))
+    except Exception as exc:
+        retryable = getattr(exc, "retryable", None)
+        retry_after = getattr(exc, "retry_after_s", None)
+        return Outcome(
+            result=jsonable(getattr(exc, "result", None)),
+            exc=exc,
+            error=f"{type(exc).__name__}: {exc}"[:ERROR_MAX_CHARS],
+            retryable=retryable if isinstance(retryable, bool) else None,
+            retry_after_s=retry_after if isinstance(retry_after, int | float) else None,
+        )
+
+
+def arguments(payload: Any) -> tuple[list[Any], dict[str, Any]]:
+    """A TASK payload is `{"args": [...], "kwargs": {...}}`; anything else is one argument."""
+    if payload is None:
+        return [], {}
+    if isinstance(payload, dict) and set(payload) <= {"args", "kwargs"}:
+        return list(payload.get("args", [])), dict(payload.get("kwargs", {}))
+    return [payload], {}
+
+
+def jsonable(value: Any) -> Any:
+    """What to keep of a task's return value on the run: itself when it is JSON of at most
+    `RESULT_MAX_BYTES`, else a note saying why it was not kept."""
+    if value is None:
+        return None
+    try:
+        text = json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError):
+        return {"repr": repr(value)[:1000]}
+    return value if len(text) <= RESULT_MAX_BYTES else {"truncated": True, "size": len(text)}
+
+
+def webhook_task(caller: WebhookCaller, job: Job) -> TaskDef:
+    """The built-in task that calls the job's HTTP target (the caller reads target and payload)."""
+
+    def call(ctx: TaskContext) -> Any:
+        return caller(job, ctx)
+
+    timeout = job.target.timeout_seconds + 5 if isinstance(job.target, WebhookTarget) else None
+    return TaskDef(WEBHOOK_TASK, call, timeout_s=timeout, bind=True)

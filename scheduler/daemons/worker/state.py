@@ -1,0 +1,108 @@
+"""What one worker holds: its attempts, from the start write until their outcome is durable.
+
+The consumer adds attempts, the pool reports their outcomes, the lease monitor renews them and
+applies time limits, the completer writes their outcomes and releases them. A slot is free
+when it holds no attempt and no execution the worker gave up on but could not stop (a thread
+past its hard time limit: a *lost* slot, until the function returns).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+
+from jobq.daemons.worker.attempt import Attempt, AttemptKey, Phase
+
+
+class WorkerState:
+    def __init__(self, concurrency: int) -> None:
+        self.concurrency = concurrency
+        self.lock = threading.RLock()  # re-entrant: `wait` predicates may call the readers below
+        self.changed = threading.Condition(self.lock)  # notified whenever attempts or slots change
+        self.held: dict[AttemptKey, Attempt] = {}
+        self.lost: set[AttemptKey] = set()  # executions given up on that still occupy a slot
+
+    def free(self) -> int:
+        with self.lock:
+            return self.concurrency - len(self.held) - len(self.lost.difference(self.held))
+
+    def lost_slots(self) -> int:
+        with self.lock:
+            return len(self.lost)
+
+    def busy(self) -> int:
+        with self.lock:
+            return len(self.held)
+
+    def executing(self) -> int:
+        with self.lock:
+            return sum(1 for a in self.held.values() if a.phase is Phase.EXECUTING)
+
+    def add(self, attempts: Iterable[Attempt]) -> None:
+        with self.changed:
+            for attempt in attempts:
+                self.held[attempt.key] = attempt
+            self.changed.notify_all()
+
+    def snapshot(self) -> list[Attempt]:
+        with self.lock:
+            return list(self.held.values())
+
+    def finish(self, key: AttemptKey, decide: Callable[[Attempt], None]) -> bool:
+        """Hand an executing attempt's outcome over: `decide(attempt)` records the outcome write.
+        False when the attempt is no longer executing here (given up on, handed back, or from an
+        earlier fence): its late outcome is ignored, and a lost slot it held comes back."""
+        with self.changed:
+            attempt = self.held.get(key)
+            if attempt is None or attempt.phase is not Phase.EXECUTING:
+                if key in self.lost:
+                    self.lost.discard(key)
+                    self.changed.notify_all()
+                return False
+            decide(attempt)
+            self.changed.notify_all()
+            return True
+
+    def give_up(self, attempt: Attempt, decide: Callable[[Attempt], None]) -> bool:
+        """Stop waiting for an executing attempt (time limit, shutdown): `decide` records the write
+        that ends it. Its execution's slot counts as lost until the function returns (`finish`)
+        or the pool stops it (`recover`). False when the attempt had already finished."""
+        with self.changed:
+            if self.held.get(attempt.key) is not attempt or attempt.phase is not Phase.EXECUTING:
+                return False
+            attempt.abandoned = True
+            decide(attempt)
+            self.lost.add(attempt.key)
+            self.changed.notify_all()
+            return True
+
+    def recover(self, key: AttemptKey) -> None:
+        """The pool stopped a given-up execution: its slot is free again."""
+        with self.changed:
+            self.lost.discard(key)
+            self.changed.notify_all()
+
+    def completing(self, now_ms: int, limit: int) -> list[Attempt]:
+        """Attempts whose outcome is due to be written (first try, or a retry whose backoff ended)."""
+        with self.lock:
+            due = [a for a in self.held.values() if a.phase is Phase.COMPLETING and a.next_try_ms <= now_ms]
+        due.sort(key=lambda a: a.next_try_ms)
+        return due[:limit]
+
+    def next_write_ms(self) -> int | None:
+        with self.lock:
+            times = [a.next_try_ms for a in self.held.values() if a.phase is Phase.COMPLETING]
+        return min(times) if times else None
+
+    def release(self, attempts: Iterable[Attempt]) -> None:
+        """The attempts are over (their outcome is durable or was refused): free their slots."""
+        with self.changed:
+            for attempt in attempts:
+                if self.held.get(attempt.key) is attempt:
+                    del self.held[attempt.key]
+            self.changed.notify_all()
+
+    def wait(self, predicate: Callable[[], bool], timeout_s: float) -> bool:
+        """Block until `predicate()` (evaluated under the lock) holds; False on timeout."""
+        with self.changed:
+            return self.changed.wait_for(predicate, timeout_s)
