@@ -16,7 +16,8 @@ from jobq.clock import Clock
 from jobq.codec import encode, envelope_for
 from jobq.errors import Conflict, InvalidJob, JobNotFound, RunNotFound, TransportError
 from jobq.models import (
-    PARKED_MS,
+    PAUSED,
+    PAUSED_RECHECK_MS,
     TERMINAL_STATES,
     IdempotencyRecord,
     Job,
@@ -232,59 +233,95 @@ class Client:
     # -- changing -------------------------------------------------------------------------------
 
     def cancel(self, job_id: str) -> Job:
-        """Cancel the job and every run not yet finished (a running one sees `lease_lost`)."""
-        job = self._set_status(job_id, {JobStatus.ACTIVE, JobStatus.PAUSED}, JobStatus.CANCELLED, next_fire=None)
-        self._cancel_runs(self._open_runs(job_id), "cancelled by request")
+        """Cancel the job and every run not yet finished. Linearizable: once this returns, no run of
+        the job starts, and a running one sees `ctx.cancelled` at its next heartbeat (its outcome
+        is refused). Cancelling a cancelled job finishes what an interrupted cancel left."""
+        job = self._set_status(
+            job_id, {JobStatus.ACTIVE, JobStatus.PAUSED, JobStatus.CANCELLED}, JobStatus.CANCELLED, next_fire_ms=None
+        )
+        now = self.clock.now_ms()
+
+        def end(run: Run) -> Transition | None:
+            return Transition(
+                run.run_id,
+                frozenset({run.state}),
+                RunState.CANCELLED,
+                run.fence,
+                {"last_error": "cancelled by request", "finished_ms": now, "lease_expires_ms": None},
+                bump_fence=True,
+                at_ms=now,
+            )
+
+        self._override(job_id, end)
         return job
 
     def pause(self, job_id: str) -> Job:
-        """Stop creating runs; runs not yet claimed wait, parked, until `resume`."""
-        job = self._set_status(job_id, {JobStatus.ACTIVE}, JobStatus.PAUSED)
+        """Stop creating runs, and hold the runs not yet started until `resume`. Linearizable: once
+        this returns, no run of the job starts until it is resumed (a running one finishes)."""
         now = self.clock.now_ms()
-        waiting = self._open_runs(job_id, frozenset({RunState.SCHEDULED}))
-        self.store.transition(
-            [
-                Transition(
-                    r.run_id,
-                    frozenset({RunState.SCHEDULED}),
-                    RunState.SCHEDULED,
-                    r.fence,
-                    {"due_ms": PARKED_MS},
-                    at_ms=now,
-                )
-                for r in waiting
-            ]
-        )
-        self.d.index.discard([r.run_id for r in waiting])
+        job = self._set_status(job_id, {JobStatus.ACTIVE}, JobStatus.PAUSED, paused_ms=now)
+
+        def hold(run: Run) -> Transition | None:
+            # A SCHEDULED run is safe where it is: whoever claims it reads the job's status first.
+            # A claimed or dispatched one already passed that check: fence it off and put it back.
+            if run.state not in (RunState.CLAIMED, RunState.DISPATCHED):
+                return None
+            return Transition(
+                run.run_id,
+                frozenset({run.state}),
+                RunState.SCHEDULED,
+                run.fence,
+                {
+                    "due_ms": now + PAUSED_RECHECK_MS,
+                    "lease_owner": None,
+                    "lease_expires_ms": None,
+                    "blocked_by": PAUSED,
+                },
+                bump_fence=True,
+                at_ms=now,
+            )
+
+        self._override(job_id, hold)
         return job
 
     def resume(self, job_id: str) -> Job:
         """Create runs again. Recurring fires that fell in the pause are skipped; a one-off fires now."""
         now = self.clock.now_ms()
         current = self.job(job_id)
-        job = self._set_status(job_id, {JobStatus.PAUSED}, JobStatus.ACTIVE, next_fire=resume_fire(current, now))
-        parked = [r for r in self._open_runs(job_id, frozenset({RunState.SCHEDULED})) if r.due_ms >= PARKED_MS]
-        stale = [r for r in parked if job.recurring and r.nominal_ms < now]
-        self._cancel_runs(stale, "skipped: due while the job was paused")
-        revived = self.store.transition(
-            [
-                Transition(
-                    r.run_id,
+        paused_ms = current.paused_ms
+        job = self._set_status(
+            job_id, {JobStatus.PAUSED}, JobStatus.ACTIVE, next_fire_ms=resume_fire(current, now), paused_ms=None
+        )
+
+        def wake(run: Run) -> Transition | None:
+            if run.state is not RunState.SCHEDULED or run.blocked_by != PAUSED:
+                return None
+            fell_in_pause = paused_ms is not None and paused_ms <= run.nominal_ms < now
+            if job.recurring and run.attempt == 1 and fell_in_pause:
+                return Transition(
+                    run.run_id,
                     frozenset({RunState.SCHEDULED}),
-                    RunState.SCHEDULED,
-                    r.fence,
-                    {"due_ms": max(r.nominal_ms, now)},
+                    RunState.CANCELLED,
+                    run.fence,
+                    {"last_error": "skipped: due while the job was paused", "finished_ms": now, "blocked_by": None},
+                    bump_fence=True,
                     at_ms=now,
                 )
-                for r in parked
-                if r not in stale
-            ]
-        )
-        self._index([r for r in revived if r is not None])
+            return Transition(
+                run.run_id,
+                frozenset({RunState.SCHEDULED}),
+                RunState.SCHEDULED,
+                run.fence,
+                {"due_ms": max(run.nominal_ms, now), "blocked_by": None},
+                at_ms=now,
+            )
+
+        self._override(job_id, wake, states=frozenset({RunState.SCHEDULED}))
         return self._materialise(job)
 
     def trigger(self, job_id: str) -> Run:
-        """Run the job once now, outside its schedule (its policies and payload apply)."""
+        """Run the job once now, outside its schedule (its policies and payload apply). The run
+        never completes the job: a one-off still fires at its own time."""
         job = self.job(job_id)
         if job.status is JobStatus.CANCELLED:
             raise Conflict(f"job {job_id!r} is cancelled")
@@ -368,39 +405,41 @@ class Client:
                 return runs
             cursor = page.next_cursor
 
-    def _set_status(
-        self, job_id: str, allowed: set[JobStatus], status: JobStatus, *, next_fire: int | object | None = ...
-    ) -> Job:
+    def _set_status(self, job_id: str, allowed: set[JobStatus], status: JobStatus, **fields: int | None) -> Job:
+        """Move the job to `status` (and set `fields`) by compare-and-set on its version, reading it
+        again when beat advanced it meanwhile."""
         for _ in range(5):
             job = self.job(job_id)
             if job.status not in allowed:
                 raise Conflict(f"job {job_id!r} is {job.status}; cannot make it {status}")
-            update: dict[str, object] = {"status": status, "updated_ms": self.clock.now_ms()}
-            if next_fire is not ...:
-                update["next_fire_ms"] = next_fire
+            update: dict[str, object] = {"status": status, "updated_ms": self.clock.now_ms(), **fields}
             try:
                 return self.store.update_job(job.model_copy(update=update))
             except Conflict:
                 continue  # beat advanced it meanwhile; read again
         raise Conflict(f"job {job_id!r} keeps changing; try again")
 
-    def _cancel_runs(self, runs: Sequence[Run], reason: str) -> None:
-        now = self.clock.now_ms()
-        self.store.transition(
-            [
-                Transition(
-                    r.run_id,
-                    frozenset({r.state}),
-                    RunState.CANCELLED,
-                    r.fence,
-                    {"last_error": reason, "finished_ms": now, "lease_expires_ms": None},
-                    bump_fence=True,
-                    at_ms=now,
-                )
-                for r in runs
-            ]
-        )
-        self.d.index.discard([r.run_id for r in runs])
+    def _override(
+        self,
+        job_id: str,
+        decide: Callable[[Run], Transition | None],
+        *,
+        states: frozenset[RunState] = _OPEN,
+        rounds: int = 50,
+    ) -> None:
+        """Apply `decide` to the job's open runs until it has nothing left to do: every write is a
+        fenced compare-and-set, and one that loses (a daemon moved the run meanwhile) is decided
+        again from the run as it now is. The job's status was changed first, so daemons that read
+        it from then on act on it themselves, and the loop ends."""
+        for _ in range(rounds):
+            moves = [m for m in map(decide, self._open_runs(job_id, states)) if m is not None]
+            if not moves:
+                return
+            moved = self.store.transition(moves)
+            done = [r for r in moved if r is not None]
+            self.d.index.discard([r.run_id for r in done if r.state is not RunState.SCHEDULED])
+            self._index([r for r in done if r.state is RunState.SCHEDULED])
+        raise Conflict(f"job {job_id!r}: its runs keep changing; try again")
 
     def _materialise(self, job: Job) -> Job:
         now = self.clock.now_ms()
@@ -422,7 +461,7 @@ class Client:
 
 def _current(runs: Sequence[Run]) -> Run | None:
     """The run a user means by "the job's run": the oldest unfinished one, else the newest."""
-    open_runs = [r for r in runs if not r.state.terminal and r.due_ms < PARKED_MS]
+    open_runs = [r for r in runs if not r.state.terminal]
     if open_runs:
         return min(open_runs, key=lambda r: r.nominal_ms)
     return max(runs, key=lambda r: r.nominal_ms) if runs else None

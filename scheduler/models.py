@@ -64,7 +64,11 @@ class RunState(enum.StrEnum):
         return self in TERMINAL_STATES
 
 
-PARKED_MS = 2**62  # the due time of a paused job's runs: never due until the job is resumed
+# A paused job's unstarted runs wait this long between looks at their job: the scanner claims
+# one when it comes due, finds the job still paused and puts it back for as long again, so a
+# resume (or a cancel) that was interrupted half-way is finished by the daemons within this time.
+PAUSED_RECHECK_MS = 300_000
+PAUSED = "paused"  # the `blocked_by` of a run held back because its job is paused
 TERMINAL_STATES = frozenset({RunState.SUCCEEDED, RunState.FAILED, RunState.CANCELLED})
 LEASED_STATES = frozenset({RunState.CLAIMED, RunState.DISPATCHED, RunState.RUNNING})
 
@@ -199,6 +203,7 @@ class Job(_Record):
     status: JobStatus = JobStatus.ACTIVE
     next_fire_ms: int | None = None  # the next nominal fire time not yet materialised as a run
     last_run_id: str | None = None  # the newest materialised run (overlap policies look at it)
+    paused_ms: int | None = None  # when the job was last paused, while it is paused
     created_ms: int
     updated_ms: int
     version: int = 0
@@ -234,7 +239,7 @@ class Run(_Record):
     last_error: str | None = None
     deadline_ms: int | None = None  # not dispatched after this: a misfire beyond the window
     prev_run_id: str | None = None  # the job's previous run, for overlap policies
-    blocked_by: str | None = None  # the run whose overlap made this one skip or wait
+    blocked_by: str | None = None  # the run whose overlap made this one skip or wait, or PAUSED
     dead_letter: bool = False
     result: Any = None
     created_ms: int

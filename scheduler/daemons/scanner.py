@@ -19,7 +19,8 @@ from jobq.errors import TransportError
 from jobq.ids import new_worker_id
 from jobq.metrics import METRICS
 from jobq.models import (
-    PARKED_MS,
+    PAUSED,
+    PAUSED_RECHECK_MS,
     Job,
     JobStatus,
     MisfirePolicy,
@@ -30,6 +31,7 @@ from jobq.models import (
     Transition,
 )
 from jobq.ports import ClaimingIndex, IndexEntry, PartitionedIndex
+from jobq.schedules import cron_for
 from jobq.wiring import Deployment
 
 _C = frozenset({RunState.CLAIMED})
@@ -79,8 +81,7 @@ class _Plan:
                 at_ms=now_ms,
             )
         )
-        if due_ms < PARKED_MS:
-            self.reindex.append(IndexEntry(run.run_id, due_ms, run.priority))
+        self.reindex.append(IndexEntry(run.run_id, due_ms, run.priority))
 
 
 class Scanner(Daemon):
@@ -151,9 +152,11 @@ class Scanner(Daemon):
             if job is None or job.status is JobStatus.CANCELLED:
                 plan.end(run, RunState.CANCELLED, "CANCELLED", "its job was cancelled", now_ms)
             elif job.status is JobStatus.PAUSED:
-                plan.wait(run, PARKED_MS, now_ms)
+                # Held, not parked for good: it looks at its job again later, so a resume (or a
+                # cancel) that was interrupted half-way is finished here.
+                plan.wait(run, now_ms + PAUSED_RECHECK_MS, now_ms, blocked_by=PAUSED)
             elif run.deadline_ms is not None and now_ms > run.deadline_ms:
-                METRICS.misfires.inc(policy=job.misfire_policy.value)
+                self._misfire(run, job, now_ms)
                 late_s = (now_ms - run.due_ms) / 1000
                 if job.recurring and job.misfire_policy is MisfirePolicy.SKIP:
                     plan.end(
@@ -166,36 +169,47 @@ class Scanner(Daemon):
                         "MISSED",
                         f"MISSED: {late_s:.0f} s late, past the catch-up window",
                         now_ms,
-                        job_status=None if job.recurring else JobStatus.COMPLETED,
+                        job_status=JobStatus.COMPLETED if job.completed_by(run.nominal_ms) else None,
                         dead_letter=True,
                     )
             else:
                 ready.append(run)
-        ready = self._collapse_misfires(ready, jobs, plan, now_ms)
         known = self._predecessors(ready, jobs)
+        ready = self._collapse_misfires(ready, jobs, known, plan, now_ms)
+        dispatching: dict[str, tuple[Run, Job]] = {}
         for run in sorted(ready, key=lambda r: r.nominal_ms):
             job = jobs[run.job_id]
             watched = job.recurring and job.overlap_policy is not OverlapPolicy.ALLOW_ALL
             prev = _blocker(run, known) if watched else None
             if prev is None:
-                plan.dispatch.append((run, job))
+                dispatching[run.run_id] = (run, job)
                 known[run.run_id] = run.model_copy(update={"state": RunState.DISPATCHED})
                 continue
             policy = job.overlap_policy
+            if job.misfire_policy is MisfirePolicy.FIRE_ALL and self._late(run, now_ms):
+                policy = OverlapPolicy.BUFFER_ALL  # fire_all's catch-up runs take their turns, oldest first
             METRICS.overlap.inc(action=policy.value)
             if policy is OverlapPolicy.CANCEL_OTHER:
-                plan.moves.append(
-                    Transition(
-                        prev.run_id,
-                        frozenset({prev.state}),
-                        RunState.CANCELLED,
-                        prev.fence,
-                        {"last_error": f"cancelled by the overlapping run {run.run_id}", "finished_ms": now_ms},
-                        bump_fence=True,
-                        at_ms=now_ms,
+                if prev.run_id in dispatching:
+                    # Replaced before it went out: end it here rather than publish it and cancel it.
+                    replaced, _ = dispatching.pop(prev.run_id)
+                    self._misfire(replaced, job, now_ms)
+                    reason = f"SKIPPED: replaced by the overlapping run {run.run_id} before dispatch"
+                    plan.end(replaced, RunState.CANCELLED, "SKIPPED", reason, now_ms, blocked_by=run.run_id)
+                    known[prev.run_id] = replaced.model_copy(update={"state": RunState.CANCELLED})
+                else:
+                    plan.moves.append(
+                        Transition(
+                            prev.run_id,
+                            frozenset({prev.state}),
+                            RunState.CANCELLED,
+                            prev.fence,
+                            {"last_error": f"cancelled by the overlapping run {run.run_id}", "finished_ms": now_ms},
+                            bump_fence=True,
+                            at_ms=now_ms,
+                        )
                     )
-                )
-                plan.dispatch.append((run, job))
+                dispatching[run.run_id] = (run, job)
                 known[run.run_id] = run.model_copy(update={"state": RunState.DISPATCHED})
             elif policy is OverlapPolicy.BUFFER_ALL or (
                 policy is OverlapPolicy.BUFFER_ONE and prev.state is not RunState.SCHEDULED
@@ -203,6 +217,7 @@ class Scanner(Daemon):
                 plan.wait(run, now_ms + round(self.settings.overlap_hold_s * 1000), now_ms, blocked_by=prev.run_id)
                 known[run.run_id] = run.model_copy(update={"state": RunState.SCHEDULED, "blocked_by": prev.run_id})
             else:  # SKIP, or BUFFER_ONE with one run already waiting
+                self._misfire(run, job, now_ms)
                 plan.end(
                     run,
                     RunState.CANCELLED,
@@ -212,30 +227,52 @@ class Scanner(Daemon):
                     blocked_by=prev.run_id,
                 )
                 known[run.run_id] = run.model_copy(update={"state": RunState.CANCELLED, "blocked_by": prev.run_id})
+        for run, job in dispatching.values():
+            self._misfire(run, job, now_ms)
+            plan.dispatch.append((run, job))
         return plan
 
-    def _collapse_misfires(self, ready: list[Run], jobs: dict[str, Job], plan: _Plan, now_ms: int) -> list[Run]:
-        """fire_once_now: of several late runs of one job in this batch, only the newest runs."""
-        late: dict[str, list[Run]] = defaultdict(list)
-        for run in ready:
+    def _late(self, run: Run, now_ms: int) -> bool:
+        """A first attempt handled more than the misfire threshold after its due time: a misfire."""
+        return run.attempt == 1 and now_ms - run.due_ms > self.threshold_ms
+
+    def _misfire(self, run: Run, job: Job, now_ms: int) -> None:
+        """Count a missed fire once, when its run is dispatched or ended late (never when held).
+        Beat counts the fires it does not turn into runs; between them, every fire once."""
+        if self._late(run, now_ms):
+            METRICS.misfires.inc(policy=job.misfire_policy.value)
+
+    def _collapse_misfires(
+        self, ready: list[Run], jobs: dict[str, Job], known: dict[str, Run], plan: _Plan, now_ms: int
+    ) -> list[Run]:
+        """fire_once_now: every late run but the one of the newest missed fire is collapsed into it,
+        whichever pass meets them and whether beat or the scanner was the one that was down (beat
+        collapses into the same fire). A collapsed run points (`blocked_by`) at the run before the
+        misses, so the run that stands for them is held to the job's overlap policy against it."""
+        kept: list[Run] = []
+        for run in sorted(ready, key=lambda r: r.nominal_ms):
             job = jobs[run.job_id]
-            if (
-                job.recurring
-                and job.misfire_policy is MisfirePolicy.FIRE_ONCE_NOW
-                and now_ms - run.due_ms > self.threshold_ms
-            ):
-                late[run.job_id].append(run)
-        dropped: set[str] = set()
-        for runs in late.values():
-            if len(runs) < 2:
+            if not (job.recurring and job.misfire_policy is MisfirePolicy.FIRE_ONCE_NOW and self._late(run, now_ms)):
+                kept.append(run)
                 continue
-            keep = max(runs, key=lambda r: r.nominal_ms)
-            for run in runs:
-                if run is not keep:
-                    dropped.add(run.run_id)
-                    METRICS.misfires.inc(policy=MisfirePolicy.FIRE_ONCE_NOW.value)
-                    plan.end(run, RunState.CANCELLED, "SKIPPED", f"MISSED: collapsed into {keep.run_id}", now_ms)
-        return [r for r in ready if r.run_id not in dropped]
+            newer = cron_for(job.schedule).next_after(run.nominal_ms)
+            if newer is None or newer > now_ms - self.threshold_ms:
+                kept.append(run)  # the newest missed fire: it runs
+                continue
+            prev = known.get(run.prev_run_id or "")
+            before = prev.blocked_by if prev is not None and prev.state is RunState.CANCELLED else None
+            blocker = before or run.prev_run_id
+            self._misfire(run, job, now_ms)
+            plan.end(
+                run,
+                RunState.CANCELLED,
+                "SKIPPED",
+                f"MISSED: collapsed into the newest missed fire ({newer} or later)",
+                now_ms,
+                blocked_by=blocker,
+            )
+            known[run.run_id] = run.model_copy(update={"state": RunState.CANCELLED, "blocked_by": blocker})
+        return kept
 
     def _predecessors(self, ready: Sequence[Run], jobs: dict[str, Job]) -> dict[str, Run]:
         """The previous runs (and, one hop further, their blockers) of runs whose job limits

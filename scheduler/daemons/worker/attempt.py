@@ -72,13 +72,14 @@ class Attempt:
         return (self.run.run_id, self.run.fence)
 
     def decide(self, move: Transition, kind: str, error: str | None, now_ms: int) -> None:
-        """Record the outcome write; from here the completer owns the attempt."""
-        self.phase = Phase.COMPLETING
+        """Record the outcome write; from here the completer owns the attempt (call it under the
+        worker state's lock, which the completer reads under)."""
         self.move = move
         self.kind = kind
         self.error = error
         self.duration_ms = max(0, now_ms - self.started_ms)
         self.next_try_ms = now_ms
+        self.phase = Phase.COMPLETING
 
 
 def completes_job(job: Job | None, run: Run) -> JobStatus | None:
@@ -155,6 +156,19 @@ def failure(
         job_status=completes_job(job, run),
     )
     return move, "FAILED"
+
+
+def renewal(run: Run, owner: str, now_ms: int, lease_ms: int) -> Transition:
+    """A heartbeat: the lease of a run this worker holds, extended from `now_ms`."""
+    return Transition(
+        run.run_id,
+        RUNNING,
+        RunState.RUNNING,
+        run.fence,
+        {"lease_expires_ms": now_ms + lease_ms, "last_heartbeat_ms": now_ms},
+        expect_owner=owner,
+        at_ms=now_ms,
+    )
 
 
 def hand_back(run: Run, owner: str, now_ms: int, reason: str) -> Transition:

@@ -47,6 +47,7 @@ class Completer:
         if not batch:
             return 0
         moves = [a.move for a in batch if a.move is not None]
+        assert len(moves) == len(batch), "a completing attempt always has its outcome write"
         try:
             written = self.d.store.transition(moves)
             confirmed = self._confirm(batch, written)

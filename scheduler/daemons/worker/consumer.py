@@ -18,18 +18,17 @@ from dataclasses import dataclass
 
 from jobq.codec import Envelope, UndecodableMessage, decode
 from jobq.daemons.base import event
-from jobq.daemons.worker.attempt import STARTABLE, Attempt, Outcome
+from jobq.daemons.worker.attempt import STARTABLE, Attempt, Outcome, hand_back, renewal
 from jobq.daemons.worker.execution import webhook_task
 from jobq.daemons.worker.pools import Done, Pool
 from jobq.daemons.worker.state import WorkerState
 from jobq.metrics import METRICS
-from jobq.models import WEBHOOK_TASK, Job, JobStatus, Run, RunState, Transition
-from jobq.ports import Delivery
+from jobq.models import PAUSED, PAUSED_RECHECK_MS, WEBHOOK_TASK, Job, JobStatus, Run, RunState, Transition
+from jobq.ports import Delivery, IndexEntry
 from jobq.tasks import TaskContext, TaskDef, TaskRegistry, WebhookCaller
 from jobq.wiring import Deployment
 
 UNKNOWN_TASK_REDELIVERIES = 5  # other workers may serve it; after this many deliveries the run fails
-PAUSED_RECHECK_MS = 5_000  # a run whose job is paused goes back to wait; pause itself parks it
 
 
 @dataclass
@@ -86,6 +85,8 @@ class Consumer:
                 self._settle(ack=drop, nack=[w.delivery for w in wanted] + hand_on)
                 raise
             drop += ended
+            attempts, refused = self._fresh(attempts)
+            drop += refused
         self._settle(ack=drop, nack=hand_on, delay_s=1.0)
         for attempt in attempts:
             if attempt.task is _UNSERVED:
@@ -120,8 +121,8 @@ class Consumer:
     def _start(self, wanted: list[_Wanted]) -> tuple[list[Attempt], list[Delivery]]:
         """One job read and one transition batch: starts, and the ends of runs whose job is gone,
         cancelled or paused. Returns the attempts started and the deliveries to drop."""
-        now = self.d.clock.now_ms()
         jobs = self.d.store.get_jobs(list({w.envelope.job_id for w in wanted}))
+        now = self.d.clock.now_ms()
         moves: list[Transition] = []
         for w in wanted:
             moves.append(self._start_or_end(w.envelope, jobs.get(w.envelope.job_id), now))
@@ -132,10 +133,13 @@ class Consumer:
         attempts: list[Attempt] = []
         ended: list[Delivery] = []
         events = []
+        held: list[IndexEntry] = []
         for w, move, run in zip(wanted, moves, results, strict=True):
             if run is None or move.to_state is not RunState.RUNNING:
                 if run is None:
                     METRICS.stale_deliveries.inc()
+                elif run.state is RunState.SCHEDULED:
+                    held.append(IndexEntry(run.run_id, run.due_ms, run.priority))
                 ended.append(w.delivery)
                 continue
             job = jobs.get(run.job_id)
@@ -145,7 +149,46 @@ class Consumer:
         self.state.add(attempts)
         if events:
             self.d.history.record(events)  # before the pool can record an outcome
+        if held:
+            try:
+                self.d.index.add(held)
+            except Exception:  # beat's repair re-indexes it when it is overdue
+                self.log.exception("could not index %d runs held for their paused job", len(held))
         return attempts, ended
+
+    def _fresh(self, attempts: list[Attempt]) -> tuple[list[Attempt], list[Delivery]]:
+        """Only runs with most of their lease left start executing. A start whose store call hung
+        for a third of a lease or more may have left a lease that is running out, or already ran
+        out and was taken back: those renew first (one batch); a refused renewal means the run
+        moved on (the message is dropped), and one that fails or hangs again hands the run back.
+        Returns the attempts to execute and the deliveries to drop."""
+        now = self.d.clock.now_ms()
+        limit = self.lease_ms // 3
+        late = [a for a in attempts if now - a.started_ms >= limit]
+        if not late:
+            return attempts, []
+        try:
+            renewed: list[Run | None] | None = self.d.store.transition(
+                [renewal(a.run, self.worker_id, now, self.lease_ms) for a in late]
+            )
+        except Exception:
+            renewed = None
+        slow = self.d.clock.now_ms() - now >= limit
+        gone: list[Attempt] = []
+        for i, attempt in enumerate(late):
+            if renewed is not None and renewed[i] is not None and not slow:
+                attempt.beat_ms = now
+            elif renewed is not None and renewed[i] is None:
+                gone.append(attempt)
+            else:
+                move = hand_back(attempt.run, self.worker_id, now, "handed back: its start took a third of its lease")
+                self.state.finish(attempt.key, lambda a, move=move: a.decide(move, "HANDED_BACK", None, now))
+        if gone:
+            METRICS.fenced_writes.inc(len(gone), op="heartbeat")
+            self.state.release(gone)
+        fresh = [a for a in attempts if a not in gone and a.move is None]
+        self.log.warning("%d starts took a third of a lease or more; %d of them start now", len(late), len(fresh))
+        return fresh, [a.delivery for a in gone]
 
     def _start_or_end(self, envelope: Envelope, job: Job | None, now: int) -> Transition:
         """The start write, or (its job gone, cancelled or paused since dispatch) the write that
@@ -172,7 +215,12 @@ class Consumer:
                 STARTABLE,
                 RunState.SCHEDULED,
                 envelope.fence,
-                {"due_ms": now + PAUSED_RECHECK_MS, "lease_owner": None, "lease_expires_ms": None},
+                {
+                    "due_ms": now + PAUSED_RECHECK_MS,
+                    "lease_owner": None,
+                    "lease_expires_ms": None,
+                    "blocked_by": PAUSED,
+                },
                 bump_fence=True,
                 at_ms=now,
             )

@@ -16,12 +16,12 @@ from __future__ import annotations
 import logging
 import threading
 
-from jobq.daemons.worker.attempt import RUNNING, Attempt, Outcome, Phase, failure
+from jobq.daemons.worker.attempt import Attempt, Outcome, Phase, failure, renewal
 from jobq.daemons.worker.pools import Pool
 from jobq.daemons.worker.state import WorkerState
 from jobq.logs import run_fields
 from jobq.metrics import METRICS
-from jobq.models import RunState, Transition
+from jobq.models import RunState
 from jobq.wiring import Deployment
 
 
@@ -68,20 +68,7 @@ class LeaseMonitor:
         )
 
     def _renew(self, beating: list[Attempt], now_ms: int) -> None:
-        renewals = self.d.store.transition(
-            [
-                Transition(
-                    a.run.run_id,
-                    RUNNING,
-                    RunState.RUNNING,
-                    a.run.fence,
-                    {"lease_expires_ms": now_ms + self.lease_ms, "last_heartbeat_ms": now_ms},
-                    expect_owner=self.worker_id,
-                    at_ms=now_ms,
-                )
-                for a in beating
-            ]
-        )
+        renewals = self.d.store.transition([renewal(a.run, self.worker_id, now_ms, self.lease_ms) for a in beating])
         kept = [a for a, r in zip(beating, renewals, strict=True) if r is not None]
         lost = [a for a, r in zip(beating, renewals, strict=True) if r is None]
         for a in kept:
