@@ -22,3 +22,9 @@ def clock() -> ManualClock:
 
 def pytest_report_header() -> list[str]:
     return [f"CI={os.environ.get('CI', '')!r}"]
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("simulation")
+    group.addoption("--seed", type=int, default=None, help="Run only this simulation seed (replays it exactly).")
+    group.addoption("--sim-steps", type=int, default=None, help="Actions per simulated seed (default 2000).")
