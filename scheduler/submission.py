@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from jobq.errors import InvalidJob, MissedWindow, PayloadTooLarge, ScheduleError, UnknownTask
+from jobq.errors import InvalidCron, InvalidJob, MissedWindow, PayloadTooLarge, ScheduleError, UnknownTask
 from jobq.ids import new_job_id
 from jobq.models import (
     DstGap,
@@ -276,9 +276,15 @@ def materialise(job: Job, now_ms: int, limits: Limits) -> tuple[Job, list[Run], 
 
 
 def preview(job: Job, now_ms: int, n: int = 5) -> list[int]:
-    """The next `n` nominal fire times from now (for create/update responses and `status`)."""
+    """The next `n` nominal fire times from now (for create/update responses and `status`).
+
+    A job stored before the cron dialect refused its syntax (`R`, `?`, a wrap-around range) has
+    none: it does not fire (beat logs it), and it can still be shown and cancelled."""
     if job.recurring:
-        return cron_for(job.schedule).fire_times(now_ms, n)
+        try:
+            return cron_for(job.schedule).fire_times(now_ms, n)
+        except InvalidCron:
+            return []
     first = job.schedule.at_ms
     return [first] if first is not None and n > 0 else []
 

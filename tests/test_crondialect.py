@@ -17,9 +17,12 @@ from datetime import datetime
 
 import pytest
 
+from jobq.client import Client
 from jobq.errors import InvalidCron
-from jobq.models import DstGap, DstOverlap
+from jobq.models import DstGap, DstOverlap, Job, JobStatus, Schedule, ScheduleType, TaskTarget
 from jobq.schedules import CronSchedule, parse_cron, to_iso
+from jobq.settings import Settings
+from jobq.wiring import connect
 
 
 def utc_ms(text: str) -> int:
@@ -525,3 +528,26 @@ def test_the_dst_table_fires_as_documented(
     expression: str, tz: str, after: str, policy: dict[str, object], expected: list[str]
 ) -> None:
     assert fires(expression, tz, after, len(expected), **policy) == expected
+
+
+def test_a_job_stored_before_the_dialect_refused_its_syntax_can_still_be_shown_and_cancelled() -> None:
+    d = connect(Settings.load({"store": "memory://", "history_flush_s": 0}, env={}))
+    try:
+        now = d.clock.now_ms()
+        legacy = Job(
+            job_id="legacy",
+            name="t.legacy",
+            target=TaskTarget(task="t.legacy"),
+            schedule=Schedule(type=ScheduleType.CRON, cron="R * * * *"),  # accepted by croniter, refused now
+            next_fire_ms=now + 60_000,
+            created_ms=now,
+            updated_ms=now,
+        )
+        d.store.create_job(legacy, [])
+        client = Client(d)
+
+        assert client.get("legacy").next_fire_times == ()
+        client.cancel("legacy")
+        assert client.get("legacy").job.status is JobStatus.CANCELLED
+    finally:
+        d.close()
