@@ -149,7 +149,7 @@ def _parse(source: str, job_id: str | None) -> CronExpr:
     words = text.upper().split(" ")
     if len(words) not in (5, 6):
         raise _Refused(
-            f"{len(words)} fields; use 5 (minute hour day-of-month month day-of-week) "
+            f"it has {len(words)} fields; use 5 (minute hour day-of-month month day-of-week) "
             "or 6 (second minute hour day-of-month month day-of-week)"
         )
     specs = SIX_FIELDS if len(words) == 6 else FIVE_FIELDS
