@@ -20,7 +20,9 @@ from jobq.cli.common import (
     print_json,
 )
 from jobq.cli.common import table as new_table
+from jobq.cli.cron import dry_run_schedule
 from jobq.client import Client
+from jobq.cronpreview import MAX_FIRES
 from jobq.models import JobStatus, Priority, RetryPolicy, ScheduleType, TaskTarget
 from jobq.ports import JobQuery
 from jobq.submission import JobSpec
@@ -84,6 +86,19 @@ def _json_arg(name: str, text: str | None, kind: type) -> Any:
 @click.option("--timeout", "timeout_s", type=float, default=None, help="Fail an attempt after this many seconds.")
 @click.option("--idempotency-key", default=None, help="Submitting again with this key returns the same job.")
 @click.option("-A", "--app", "apps", multiple=True, metavar="MODULE", help="Also accept the tasks of MODULE.")
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Validate and print the job and its next fires (DST marked, see `jobq cron`) without storing anything.",
+)
+@click.option(
+    "--next",
+    "preview_count",
+    type=click.IntRange(1, MAX_FIRES),
+    default=10,
+    show_default=True,
+    help="With --dry-run: how many fires to show.",
+)
 @json_option
 @backend_options
 def schedule(
@@ -109,6 +124,8 @@ def schedule(
     timeout_s: float | None,
     idempotency_key: str | None,
     apps: tuple[str, ...],
+    dry_run: bool,
+    preview_count: int,
     as_json: bool,
     **options: Any,
 ) -> None:
@@ -147,6 +164,9 @@ def schedule(
             "timeout_seconds": timeout_s if timeout_s is not None else (local.timeout_s if local else None),
         }
     )
+    if dry_run:
+        dry_run_schedule(spec, load_settings(options), preview_count, as_json)
+        return
     with deployment(load_settings(options)) as d:
         client = Client(d)
         known = d.store.known_tasks() | (registry.names() if registry is not None else set())
@@ -181,6 +201,7 @@ def status(job_id: str, as_json: bool, **options: Any) -> None:
         "status",
         "schedule_type",
         "cron_expression",
+        "cron_source",
         "timezone",
         "priority",
         "current_attempt",
@@ -190,7 +211,9 @@ def status(job_id: str, as_json: bool, **options: Any) -> None:
         "next_run_time_iso",
         "created_at",
     ):
-        if resource.get(key) is not None:
+        if resource.get(key) is not None and not (
+            key == "cron_source" and resource[key] == resource["cron_expression"]
+        ):
             table.add_row(key, str(resource[key]))
     run = view.current_run
     if run is not None and run.last_error:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from jobq import __version__
-from jobq.cli import api, bench, daemons, jobs
+from jobq.cli import api, bench, cron, daemons, jobs
 from jobq.cli.common import JobqGroup
 
 
@@ -26,6 +26,7 @@ for command in (
     daemons.reaper,
     daemons.beat,
     jobs.schedule,
+    cron.cron,
     jobs.status,
     jobs.list_jobs,
     jobs.runs,

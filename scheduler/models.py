@@ -177,7 +177,8 @@ class Schedule(_Record):
 
     type: ScheduleType
     at_ms: int | None = None  # ONE_OFF and IMMEDIATE: the nominal fire time
-    cron: str | None = None  # CRON: the normalised expression
+    cron: str | None = None  # CRON: the canonical expression, `H` resolved: what fires
+    cron_source: str | None = None  # CRON: as submitted (aliases, `H`), for display only
     timezone: str = "UTC"
     dst_gap: DstGap = DstGap.SKIP
     dst_overlap: DstOverlap = DstOverlap.ONCE

@@ -1,5 +1,8 @@
 """When jobs fire: cron in an IANA timezone with jobq's DST rules, one-offs, misfire planning.
 
+What an expression means is `jobq.crondialect`'s: it validates the text and hands croniter the
+fields as explicit values.
+
 croniter iterates *wall-clock* time only (naive datetimes, pure calendar arithmetic). Turning
 wall-clock matches into instants is ours, done segment by segment between the zone's UTC
 offset changes, so that the DST rules hold exactly:
@@ -22,68 +25,36 @@ from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter
-from croniter.croniter import CroniterBadDateError, CroniterError
+from croniter.croniter import CroniterBadDateError
 
+from jobq.crondialect import ALIASES, DIALECTS, CronExpr, parse_cron
 from jobq.errors import InvalidCron, UnknownTimezone
 from jobq.models import DstGap, DstOverlap, Job, MisfirePolicy, Schedule, ScheduleType
 
-ALIASES = {
-    "@yearly": "0 0 1 1 *",
-    "@annually": "0 0 1 1 *",
-    "@monthly": "0 0 1 * *",
-    "@weekly": "0 0 * * 0",
-    "@daily": "0 0 * * *",
-    "@midnight": "0 0 * * *",
-    "@hourly": "0 * * * *",
-}
-DIALECTS = ("unix",)
+__all__ = [  # the dialect's names are re-exported: callers know schedules, not the dialect module
+    "ALIASES",
+    "DIALECTS",
+    "MISFIRE_THRESHOLD_MS",
+    "CronExpr",
+    "CronSchedule",
+    "FirePlan",
+    "Transition",
+    "cron_for",
+    "jitter_ms",
+    "next_fire",
+    "next_fire_times",
+    "parse_cron",
+    "plan_fires",
+    "to_iso",
+    "transitions_between",
+    "zone",
+]
+
 MISFIRE_THRESHOLD_MS = 60_000
 _EPOCH = datetime(1970, 1, 1)
 _SECOND = 1000
 _HOUR = 3_600_000
 _PROBE_MS = 6 * _HOUR  # no zone changes its offset twice within six hours
-
-
-@dataclass(frozen=True, slots=True)
-class CronExpr:
-    expression: str  # normalised: aliases expanded, single spaces, names upper-cased
-    has_seconds: bool  # six fields, seconds first
-    wildcard: bool  # minute or hour field starts with '*': fires in both passes of a repeat
-    day_or: bool = True  # crontab(5): both day fields restricted (neither starts with '*') -> either matches
-
-
-def parse_cron(expression: str, dialect: str = "unix") -> CronExpr:
-    """Validate and normalise a 5-field or 6-field (seconds first) expression, or an alias."""
-    if dialect not in DIALECTS:
-        raise InvalidCron(f"unknown cron_dialect {dialect!r}; supported: {', '.join(DIALECTS)}", field="cron_dialect")
-    text = " ".join(expression.split())
-    if not text:
-        raise InvalidCron("empty cron expression", field="cron_expression")
-    if text.startswith("@"):
-        if text.lower() not in ALIASES:
-            known = ", ".join(sorted(ALIASES))
-            raise InvalidCron(f"unknown cron alias {text!r}; use one of {known}", field="cron_expression")
-        text = ALIASES[text.lower()]
-    fields = text.upper().split(" ")
-    if len(fields) not in (5, 6):
-        raise InvalidCron(
-            f"cron expression {expression!r} has {len(fields)} fields; use 5 (minute hour day month weekday) "
-            "or 6 (second minute hour day month weekday)",
-            field="cron_expression",
-        )
-    normalised = " ".join(fields)
-    has_seconds = len(fields) == 6
-    # croniter ORs the day fields whenever neither is exactly '*'; crontab(5) only when neither starts with '*'.
-    day_or = not (fields[-3].startswith("*") or fields[-1].startswith("*"))
-    try:
-        it = croniter(normalised, datetime(2026, 1, 1), day_or=day_or, second_at_beginning=has_seconds)
-        it.get_next(datetime)
-    except CroniterBadDateError:
-        raise InvalidCron(f"cron expression {expression!r} never fires", field="cron_expression") from None
-    except (CroniterError, ValueError, KeyError, IndexError, TypeError) as exc:
-        raise InvalidCron(f"invalid cron expression {expression!r}: {exc}", field="cron_expression") from None
-    minute, hour = fields[-5], fields[-4]
-    return CronExpr(normalised, has_seconds, minute.startswith("*") or hour.startswith("*"), day_or)
 
 
 @functools.lru_cache(maxsize=512)
@@ -151,6 +122,16 @@ def _next_transition(tz: ZoneInfo, after_ms: int, until_ms: int) -> Transition |
     return None
 
 
+def transitions_between(tz: ZoneInfo, after_ms: int, until_ms: int) -> list[Transition]:
+    """The zone's offset changes at instants in (after_ms, until_ms], in order."""
+    found: list[Transition] = []
+    cursor = after_ms
+    while (change := _next_transition(tz, cursor, until_ms)) is not None:
+        found.append(change)
+        cursor = change.at_ms
+    return found
+
+
 class CronSchedule:
     """A cron expression in a timezone, with jobq's DST rules. Thread-safe."""
 
@@ -168,7 +149,7 @@ class CronSchedule:
         self.dst_gap = dst_gap
         self.dst_overlap = dst_overlap
         self._iter = croniter(
-            self.expr.expression,
+            self.expr.croniter_expression,
             datetime(2026, 1, 1),
             day_or=self.expr.day_or,
             second_at_beginning=self.expr.has_seconds,
@@ -189,6 +170,15 @@ class CronSchedule:
             except CroniterBadDateError:
                 return None
         return (found - _EPOCH) // timedelta(milliseconds=1)
+
+    def wall_matches(self, from_wall_ms: int, until_wall_ms: int, limit: int) -> list[int]:
+        """Wall-clock matches (naive ms) in [from_wall_ms, until_wall_ms), at most `limit` of them."""
+        found: list[int] = []
+        wall = self._wall_next(from_wall_ms, inclusive=True)
+        while wall is not None and wall < until_wall_ms and len(found) < limit:
+            found.append(wall)
+            wall = self._wall_next(wall, inclusive=False)
+        return found
 
     def _fires_in_second_pass(self, instant_ms: int) -> bool:
         if self.expr.wildcard or self.dst_overlap is DstOverlap.TWICE:

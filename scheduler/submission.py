@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from jobq.errors import InvalidJob, MissedWindow, PayloadTooLarge, ScheduleError, UnknownTask
+from jobq.errors import InvalidCron, InvalidJob, MissedWindow, PayloadTooLarge, ScheduleError, UnknownTask
 from jobq.ids import new_job_id
 from jobq.models import (
     DstGap,
@@ -91,14 +91,14 @@ class Limits:
         )
 
 
-def parse_instant(value: int | str, timezone: str) -> int:
+def parse_instant(value: int | str, timezone: str, *, field: str = "run_at") -> int:
     """Epoch milliseconds from epoch ms or ISO 8601; a naive time is wall-clock in `timezone`.
 
     A wall time that does not exist (spring-forward gap) is refused; a repeated one (fall-back)
-    means its first occurrence."""
+    means its first occurrence. Errors name `field`."""
     if isinstance(value, int):
         if value < 0:
-            raise ScheduleError(f"run_at {value} is before 1970", field="run_at")
+            raise ScheduleError(f"{field} {value} is before 1970", field=field)
         return value
     text = value.strip()
     if text.isdigit():
@@ -107,14 +107,14 @@ def parse_instant(value: int | str, timezone: str) -> int:
         moment = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
     except ValueError:
         raise ScheduleError(
-            f"run_at {value!r} is neither epoch milliseconds nor ISO 8601 (e.g. 2026-12-01T09:00:00Z)",
-            field="run_at",
+            f"{field} {value!r} is neither epoch milliseconds nor ISO 8601 (e.g. 2026-12-01T09:00:00Z)",
+            field=field,
         ) from None
     if moment.tzinfo is None:
         tz = zone(timezone)
         local = moment.replace(tzinfo=tz, fold=0)
         if local.astimezone(UTC).astimezone(tz).replace(tzinfo=None) != moment:
-            raise ScheduleError(f"run_at {value!r} does not exist in {timezone} (a DST gap)", field="run_at")
+            raise ScheduleError(f"{field} {value!r} does not exist in {timezone} (a DST gap)", field=field)
         moment = local
     return round(moment.timestamp() * 1000)
 
@@ -146,15 +146,22 @@ def build_job(
     """
     validate_payload(spec, limits)
     zone(spec.timezone)
+    job_id = spec.job_id or new_job_id(now_ms)  # before the schedule: `H` is picked from it
     kind = spec.schedule_type
     if kind is ScheduleType.CRON:
         if not spec.cron_expression:
             raise ScheduleError("a CRON job needs cron_expression", field="cron_expression")
         if spec.run_at is not None or spec.delay_seconds is not None:
             raise ScheduleError("a CRON job takes no run_at or delay_seconds", field="run_at")
-        expression = parse_cron(spec.cron_expression, spec.cron_dialect).expression
+        # `H` is resolved once, here: the stored expression is concrete, so every process fires alike.
+        parsed = parse_cron(spec.cron_expression, spec.cron_dialect, job_id=job_id)
         schedule = Schedule(
-            type=kind, cron=expression, timezone=spec.timezone, dst_gap=spec.dst_gap, dst_overlap=spec.dst_overlap
+            type=kind,
+            cron=parsed.expression,
+            cron_source=parsed.source,
+            timezone=spec.timezone,
+            dst_gap=spec.dst_gap,
+            dst_overlap=spec.dst_overlap,
         )
         first = cron_for(schedule).next_after(now_ms)
     else:
@@ -184,7 +191,7 @@ def build_job(
             f"unknown task {spec.target.task!r}: no worker has registered it (known: {hint})", field="target.task"
         )
     job = Job(
-        job_id=spec.job_id or new_job_id(now_ms),
+        job_id=job_id,
         tenant_id=spec.tenant_id,
         name=spec.job_name or (spec.target.task if isinstance(spec.target, TaskTarget) else spec.target.endpoint),
         target=spec.target,
@@ -269,9 +276,15 @@ def materialise(job: Job, now_ms: int, limits: Limits) -> tuple[Job, list[Run], 
 
 
 def preview(job: Job, now_ms: int, n: int = 5) -> list[int]:
-    """The next `n` nominal fire times from now (for create/update responses and `status`)."""
+    """The next `n` nominal fire times from now (for create/update responses and `status`).
+
+    A job stored before the cron dialect refused its syntax (`R`, `?`, a wrap-around range) has
+    none: it does not fire (beat logs it), and it can still be shown and cancelled."""
     if job.recurring:
-        return cron_for(job.schedule).fire_times(now_ms, n)
+        try:
+            return cron_for(job.schedule).fire_times(now_ms, n)
+        except InvalidCron:
+            return []
     first = job.schedule.at_ms
     return [first] if first is not None and n > 0 else []
 

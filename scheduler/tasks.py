@@ -21,7 +21,10 @@ _current: contextvars.ContextVar[TaskContext | None] = contextvars.ContextVar("j
 class Flag:
     """A `threading.Event` that costs nothing until something waits on it: every run carries two
     (`lease_lost`, `cancelled`) and almost none is ever waited on, while an Event allocates a
-    Condition and a lock up front. `set`, `is_set`, `clear` and `wait` behave as the Event's."""
+    Condition and a lock up front. `set`, `is_set`, `clear` and `wait` behave as the Event's.
+
+    Its truth is its state, so `if ctx.lease_lost:` reads as it should (an Event is always
+    truthy, which made that natural check always true)."""
 
     __slots__ = ("_event", "_set")
     _creating = threading.Lock()
@@ -32,6 +35,12 @@ class Flag:
 
     def is_set(self) -> bool:
         return self._set
+
+    def __bool__(self) -> bool:
+        return self._set
+
+    def __repr__(self) -> str:
+        return f"Flag({'set' if self._set else 'clear'})"
 
     def set(self) -> None:
         self._set = True
@@ -60,7 +69,10 @@ class Flag:
 @dataclass
 class TaskContext:
     """What a running task knows about its run. Pass `fence` to downstream writes so a stale
-    attempt cannot overwrite a newer one; stop early when `lease_lost` is set."""
+    attempt cannot overwrite a newer one; stop early when `lease_lost` is set.
+
+    `lease_lost` and `cancelled` are true once set (`if ctx.lease_lost: return`); a task that
+    blocks can wait on either with `ctx.cancelled.wait(timeout_s)`."""
 
     run_id: str
     job_id: str

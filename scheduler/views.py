@@ -68,6 +68,7 @@ def job_summary(job: Job) -> dict[str, Any]:
         "job_status": job.status.value,
         "schedule_type": job.schedule.type.value,
         "cron_expression": job.schedule.cron,
+        "cron_source": job.schedule.cron_source or job.schedule.cron,
         "timezone": job.schedule.timezone,
         "priority": job.priority.value,
         "task": job.target.task if isinstance(job.target, TaskTarget) else None,

@@ -119,6 +119,16 @@ def test_status_shows_the_run_lease_and_fence(run, h: Harness) -> None:  # type:
     assert doc["run_counts"] == {"SUCCEEDED": 1}
 
 
+def test_status_shows_the_values_h_picked_and_the_expression_as_written(run, h: Harness) -> None:  # type: ignore[no-untyped-def]
+    scheduled = run("schedule", "t.echo", "--cron", "H H * * *", "--job-id", "nightly-report")
+    assert scheduled.exit_code == 0, scheduled.output
+    assert scheduled.output.count("T02:54:00.000Z") == 5  # the five next fires, at the picked 02:54
+    human = run("status", "nightly-report")
+    assert "cron_expression" in human.output and "54 2 * * *" in human.output
+    assert "cron_source" in human.output and "H H * * *" in human.output
+    assert h.client.job("nightly-report").schedule.cron == "54 2 * * *"
+
+
 def test_status_of_an_unknown_job_is_exit_code_2(run) -> None:  # type: ignore[no-untyped-def]
     result = run("status", "job_missing")
     assert result.exit_code == 2

@@ -12,6 +12,7 @@ from jobq.api import errors
 from jobq.api.middleware import GuardMiddleware
 from jobq.api.ratelimit import RateLimiter
 from jobq.api.routes import dead_letters, operations, router
+from jobq.api.schedules import router as schedules
 from jobq.api.state import ApiState
 from jobq.api.tokens import tenant_store
 from jobq.netpolicy import NetPolicy
@@ -61,6 +62,7 @@ def create_app(
         openapi_tags=[
             {"name": "jobs", "description": "Jobs, their runs and actions."},
             {"name": "dead letters", "description": "Runs that exhausted their attempts."},
+            {"name": "schedules", "description": "Cron expressions: preview fires before submitting."},
             {"name": "operations", "description": "Health, readiness and metrics; no token needed."},
         ],
     )
@@ -69,6 +71,7 @@ def create_app(
     errors.install(app)
     app.include_router(router)
     app.include_router(dead_letters)
+    app.include_router(schedules)
     app.include_router(operations)
     app.add_middleware(
         GuardMiddleware, max_body_bytes=settings.api_max_body_bytes, max_header_bytes=settings.api_max_header_bytes

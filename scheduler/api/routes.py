@@ -139,6 +139,7 @@ def created_body(job: Job, fires: list[int]) -> dict[str, Any]:
         "schedule_type": job.schedule.type.value,
         "priority": job.priority.value,
         "cron_expression": job.schedule.cron,
+        "cron_source": job.schedule.cron_source or job.schedule.cron,
         "timezone": job.schedule.timezone,
         "next_run_time_epoch_ms": fires[0] if fires else None,
         "next_run_time_iso": iso(fires[0]) if fires else None,

@@ -10,6 +10,12 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+CRON_EXPRESSION = (
+    "The canonical expression that fires: aliases expanded, `a-a` written `a`, and `H` replaced by the "
+    "values it picked from the job id."
+)
+CRON_SOURCE = "The expression as submitted (with its alias or `H`), for display."
+
 
 class FieldError(BaseModel):
     field: str | None = None
@@ -36,7 +42,8 @@ class JobCreated(BaseModel):
     job_status: str = Field(description="The job's own status: `ACTIVE`.")
     schedule_type: str
     priority: str
-    cron_expression: str | None = Field(description="The normalised expression (aliases expanded).")
+    cron_expression: str | None = Field(description=CRON_EXPRESSION)
+    cron_source: str | None = Field(default=None, description=CRON_SOURCE)
     timezone: str
     next_run_time_epoch_ms: int | None
     next_run_time_iso: str | None
@@ -71,7 +78,8 @@ class JobSummary(BaseModel):
     job_name: str
     job_status: str
     schedule_type: str
-    cron_expression: str | None
+    cron_expression: str | None = Field(description=CRON_EXPRESSION)
+    cron_source: str | None = Field(default=None, description=CRON_SOURCE)
     timezone: str
     priority: str
     task: str | None
@@ -143,3 +151,29 @@ class DeadLetterPage(BaseModel):
 class Health(BaseModel):
     status: str
     checks: dict[str, str] = Field(default_factory=dict)
+
+
+class PreviewEvent(BaseModel):
+    kind: str = Field(description="`fire`, or `skipped`: wall times that matched but a DST rule dropped.")
+    epoch_ms: int = Field(description="A fire's instant; for `skipped`, the instant of the clock change.")
+    utc: str
+    local: str = Field(description="The same instant in the schedule's timezone, ISO 8601 with its offset.")
+    zone: str | None = Field(description="The zone's abbreviation at that instant, e.g. `EDT`.")
+    dst: str | None = Field(
+        description="`shifted` (a fire moved out of a spring-forward gap), `second_pass` (a fire in a repeated "
+        "hour), `gap` or `repeat` (skipped wall times); null when DST played no part."
+    )
+    reason: str | None = Field(description="Why, in words, when `dst` is set.")
+    wall_times: list[str] = Field(description="The local wall times a `shifted` or `skipped` event stands for (<= 5).")
+    wall_time_count: int = Field(description="How many such wall times (counted up to 1,000).")
+
+
+class SchedulePreview(BaseModel):
+    cron_expression: str = Field(description=CRON_EXPRESSION)
+    cron_source: str = Field(description=CRON_SOURCE)
+    timezone: str
+    dst_gap: str
+    dst_overlap: str
+    job_id: str | None = Field(description="The job id `H` was resolved with, if given.")
+    after: str = Field(description="The preview starts strictly after this instant.")
+    events: list[PreviewEvent] = Field(description="Fires and skipped wall times, in time order.")
