@@ -38,6 +38,8 @@ __all__ = [  # the dialect's names are re-exported: callers know schedules, not 
     "CronExpr",
     "CronSchedule",
     "FirePlan",
+    "count_fires",
+    "last_fire_before",
     "Transition",
     "cron_for",
     "jitter_ms",
@@ -263,9 +265,43 @@ class FirePlan:
     """What beat materialises for a job in one pass."""
 
     fires: list[int]  # nominal times to create runs for, in order
-    missed: int  # fires dropped or collapsed because they were late beyond the threshold
+    missed: int  # late fires beat does not turn into runs (the scanner counts the late runs it handles)
     next_fire_ms: int | None  # where the job's schedule resumes (None: exhausted)
-    collapsed_into: int | None = None  # fire_once_now: the nominal time that stands for the misses
+    collapsed_into: int | None = None  # fire_once_now: the newest missed fire, which stands for the misses
+
+
+EXACT_COUNT = 64  # missed fires counted one by one; beyond, the count is extrapolated from their spacing
+
+
+def count_fires(schedule: CronSchedule, start_ms: int, end_ms: int) -> int:
+    """How many fires fall in [start_ms, end_ms). Exact up to `EXACT_COUNT`; beyond that the rest
+    are extrapolated from the mean spacing of those (exact for evenly spaced schedules such as
+    `*/5 * * * * *`), so a per-second job down for a day costs a few dozen steps, not 86,400."""
+    first = schedule.next_after(start_ms - 1)
+    cursor = first
+    n = 0
+    while cursor is not None and cursor < end_ms:
+        n += 1
+        if n == EXACT_COUNT and first is not None and cursor > first:
+            spacing = (cursor - first) / (n - 1)
+            return n + int((end_ms - 1 - cursor) // spacing)
+        cursor = schedule.next_after(cursor)
+    return n
+
+
+def last_fire_before(schedule: CronSchedule, before_ms: int, not_before_ms: int) -> int | None:
+    """The newest fire in [not_before_ms, before_ms), found by looking back twice as far each time."""
+    reach = _SECOND
+    while True:
+        start = max(not_before_ms, before_ms - reach)
+        found = schedule.next_after(start - 1)
+        if found is not None and found < before_ms:
+            while (following := schedule.next_after(found)) is not None and following < before_ms:
+                found = following
+            return found
+        if start == not_before_ms:
+            return None
+        reach *= 2
 
 
 def plan_fires(
@@ -277,9 +313,11 @@ def plan_fires(
     misfire_threshold_ms: int = MISFIRE_THRESHOLD_MS,
 ) -> FirePlan:
     """The recurring job's fires from `job.next_fire_ms` up to `now_ms + horizon_ms`, after the
-    misfire policy: fires late by more than the threshold are misses; misses older than the
-    catch-up window are dropped; the rest are dropped (`skip`), collapsed into one run now
-    (`fire_once_now`) or all kept (`fire_all`)."""
+    misfire policy. Fires late by more than the threshold are missed: those older than the catch-up
+    window are dropped under every policy; the rest are dropped (`skip`), collapsed into the newest
+    missed fire (`fire_once_now`, the same run the scanner keeps when it was the one that was down)
+    or all kept (`fire_all`). Each missed fire is counted once: here when it gets no run, by the
+    scanner when it handles its run late."""
     assert job.next_fire_ms is not None
     schedule = cron_for(job.schedule)
     start = job.next_fire_ms
@@ -289,23 +327,27 @@ def plan_fires(
     missed = 0
     collapsed: int | None = None
     if start < late_before:
-        # Jump over the misses instead of walking them: a per-second job down for a day has 86,400.
         window_start = now_ms - job.catchup_window_s * 1000
-        oldest_kept = start if start >= window_start else schedule.next_after(window_start - 1)
         first = schedule.next_after(late_before - 1)
-        missed = 1
-        if oldest_kept is not None and (first is None or oldest_kept < first):
+        kept_from = start if start >= window_start else schedule.next_after(window_start - 1)
+        if kept_from is not None and kept_from >= late_before:
+            kept_from = None  # every miss is older than the window
+        missed = count_fires(schedule, start, kept_from if kept_from is not None else late_before)
+        if kept_from is not None:
             if job.misfire_policy is MisfirePolicy.FIRE_ALL:
-                cursor: int | None = oldest_kept
+                cursor: int | None = kept_from
                 while cursor is not None and cursor < late_before and len(fires) < limit:
                     fires.append(cursor)
                     cursor = schedule.next_after(cursor)
-                missed = len(fires)
                 if cursor is not None and cursor < late_before:  # more misses than one pass takes
                     return FirePlan(fires, missed, cursor)
             elif job.misfire_policy is MisfirePolicy.FIRE_ONCE_NOW:
-                collapsed = oldest_kept
-                fires.append(oldest_kept)
+                collapsed = last_fire_before(schedule, late_before, kept_from)
+                assert collapsed is not None  # kept_from itself is one
+                missed += count_fires(schedule, kept_from, collapsed)
+                fires.append(collapsed)
+            else:
+                missed += count_fires(schedule, kept_from, late_before)
     end = now_ms + horizon_ms
     cursor = first
     while cursor is not None and cursor <= end and len(fires) < limit:

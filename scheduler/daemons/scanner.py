@@ -31,7 +31,7 @@ from jobq.models import (
     Transition,
 )
 from jobq.ports import ClaimingIndex, IndexEntry, PartitionedIndex
-from jobq.schedules import cron_for
+from jobq.schedules import cron_for, jitter_ms
 from jobq.wiring import Deployment
 
 _C = frozenset({RunState.CLAIMED})
@@ -147,6 +147,7 @@ class Scanner(Daemon):
     def _plan(self, claimed: Sequence[Run], jobs: dict[str, Job], now_ms: int) -> _Plan:
         plan = _Plan()
         ready: list[Run] = []
+        ended: dict[str, Run] = {}  # runs this pass ends before looking at overlaps
         for run in claimed:
             job = jobs.get(run.job_id)
             if job is None or job.status is JobStatus.CANCELLED:
@@ -158,10 +159,15 @@ class Scanner(Daemon):
             elif run.deadline_ms is not None and now_ms > run.deadline_ms:
                 self._misfire(run, job, now_ms)
                 late_s = (now_ms - run.due_ms) / 1000
-                if job.recurring and job.misfire_policy is MisfirePolicy.SKIP:
-                    plan.end(
-                        run, RunState.CANCELLED, "SKIPPED", f"MISSED: {late_s:.0f} s late (misfire_policy=skip)", now_ms
+                if job.recurring:
+                    # Like the fires beat finds past the window: skipped, counted, never dead-lettered.
+                    why = (
+                        "misfire_policy=skip"
+                        if job.misfire_policy is MisfirePolicy.SKIP
+                        else "past the catch-up window"
                     )
+                    plan.end(run, RunState.CANCELLED, "SKIPPED", f"MISSED: {late_s:.0f} s late ({why})", now_ms)
+                    ended[run.run_id] = run.model_copy(update={"state": RunState.CANCELLED})
                 else:
                     plan.end(
                         run,
@@ -175,6 +181,7 @@ class Scanner(Daemon):
             else:
                 ready.append(run)
         known = self._predecessors(ready, jobs)
+        known.update(ended)  # as this pass leaves them, not as the store still has them
         ready = self._collapse_misfires(ready, jobs, known, plan, now_ms)
         dispatching: dict[str, tuple[Run, Job]] = {}
         for run in sorted(ready, key=lambda r: r.nominal_ms):
@@ -186,7 +193,7 @@ class Scanner(Daemon):
                 known[run.run_id] = run.model_copy(update={"state": RunState.DISPATCHED})
                 continue
             policy = job.overlap_policy
-            if job.misfire_policy is MisfirePolicy.FIRE_ALL and self._late(run, now_ms):
+            if job.misfire_policy is MisfirePolicy.FIRE_ALL and self._late(run, job, now_ms):
                 policy = OverlapPolicy.BUFFER_ALL  # fire_all's catch-up runs take their turns, oldest first
             METRICS.overlap.inc(action=policy.value)
             if policy is OverlapPolicy.CANCEL_OTHER:
@@ -198,6 +205,8 @@ class Scanner(Daemon):
                     plan.end(replaced, RunState.CANCELLED, "SKIPPED", reason, now_ms, blocked_by=run.run_id)
                     known[prev.run_id] = replaced.model_copy(update={"state": RunState.CANCELLED})
                 else:
+                    if prev.state is RunState.SCHEDULED:  # held, never dispatched: a fire that will not run
+                        self._misfire(prev, job, now_ms)
                     plan.moves.append(
                         Transition(
                             prev.run_id,
@@ -232,14 +241,16 @@ class Scanner(Daemon):
             plan.dispatch.append((run, job))
         return plan
 
-    def _late(self, run: Run, now_ms: int) -> bool:
-        """A first attempt handled more than the misfire threshold after its due time: a misfire."""
-        return run.attempt == 1 and now_ms - run.due_ms > self.threshold_ms
+    def _late(self, run: Run, job: Job, now_ms: int) -> bool:
+        """A first attempt handled more than the misfire threshold after its fire time (its nominal
+        time plus the job's jitter; a run held back by an overlap policy keeps its lateness)."""
+        due = run.nominal_ms + jitter_ms(job.job_id, run.nominal_ms, job.jitter_s)
+        return run.attempt == 1 and now_ms - due > self.threshold_ms
 
     def _misfire(self, run: Run, job: Job, now_ms: int) -> None:
         """Count a missed fire once, when its run is dispatched or ended late (never when held).
         Beat counts the fires it does not turn into runs; between them, every fire once."""
-        if self._late(run, now_ms):
+        if self._late(run, job, now_ms):
             METRICS.misfires.inc(policy=job.misfire_policy.value)
 
     def _collapse_misfires(
@@ -252,7 +263,9 @@ class Scanner(Daemon):
         kept: list[Run] = []
         for run in sorted(ready, key=lambda r: r.nominal_ms):
             job = jobs[run.job_id]
-            if not (job.recurring and job.misfire_policy is MisfirePolicy.FIRE_ONCE_NOW and self._late(run, now_ms)):
+            if not (
+                job.recurring and job.misfire_policy is MisfirePolicy.FIRE_ONCE_NOW and self._late(run, job, now_ms)
+            ):
                 kept.append(run)
                 continue
             newer = cron_for(job.schedule).next_after(run.nominal_ms)
