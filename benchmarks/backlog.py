@@ -28,8 +28,9 @@ from stacks import POSTGRES, private_redis, stack
 
 from jobq.bench import Bench
 from jobq.daemons.scanner import Scanner
+from jobq.deployment import Deployment
 from jobq.settings import Settings
-from jobq.wiring import Deployment, connect
+from jobq.wiring import connect
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -20,9 +20,10 @@ from jobq.cli.common import (
     print_json,
 )
 from jobq.cli.common import table as new_table
+from jobq.deployment import Deployment
 from jobq.errors import ConfigError, InvalidJob
+from jobq.extras import require
 from jobq.settings import Settings
-from jobq.wiring import Deployment, require
 
 if TYPE_CHECKING:
     from jobq.api.server import ApiServer

@@ -17,10 +17,11 @@ from rich.markup import escape
 from rich.table import Table
 
 from jobq.app import App, default_app
+from jobq.deployment import Deployment
 from jobq.errors import JobqError
 from jobq.settings import Settings
 from jobq.tasks import TaskRegistry
-from jobq.wiring import Deployment, connect
+from jobq.wiring import connect
 
 F = TypeVar("F", bound=Callable[..., Any])
 EXIT_USAGE = 2

@@ -19,8 +19,9 @@ from jobq.daemons.beat import Beat
 from jobq.daemons.reaper import Reaper
 from jobq.daemons.scanner import Scanner
 from jobq.daemons.worker import Worker
+from jobq.deployment import Deployment
 from jobq.settings import Settings
-from jobq.wiring import Deployment, connect
+from jobq.wiring import connect
 
 
 def daemon_options(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from jobq.app import App, JobHandle, Task, default_app, task
 from jobq.client import Client, JobView, Submitted
 from jobq.clock import Clock, ManualClock, SystemClock
+from jobq.deployment import Deployment
 from jobq.errors import (
     ConfigError,
     Conflict,
@@ -46,7 +47,6 @@ from jobq.schedules import CronSchedule, next_fire_times
 from jobq.settings import Settings
 from jobq.submission import JobSpec
 from jobq.tasks import TaskContext, current_context
-from jobq.wiring import Deployment, connect
 
 __version__ = "0.1.0"
 
@@ -107,3 +107,13 @@ __all__ = [
     "Fail",
     "__version__",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # `jobq.connect` is the composition root's: imported when asked for, so that importing jobq
+    # (or any daemon) never imports every backend's wiring.
+    if name == "connect":
+        from jobq.wiring import connect
+
+        return connect
+    raise AttributeError(f"module 'jobq' has no attribute {name!r}")

@@ -20,6 +20,7 @@ from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 from jobq.client import Client, Submitted
 from jobq.clock import SYSTEM_CLOCK, Clock
+from jobq.deployment import Deployment
 from jobq.errors import InvalidJob
 from jobq.models import (
     DstGap,
@@ -35,7 +36,6 @@ from jobq.models import (
 from jobq.settings import Settings
 from jobq.submission import JobSpec
 from jobq.tasks import TaskDef, TaskRegistry
-from jobq.wiring import Deployment, connect
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -174,6 +174,8 @@ class App:
     def deployment(self) -> Deployment:
         with self._lock:
             if self._deployment is None:
+                from jobq.wiring import connect  # the composition root, only when first needed
+
                 self._deployment = connect(self.settings, self.clock)
             return self._deployment
 

@@ -72,7 +72,7 @@ _SECRET_WORDS = ("secret", "password", "token")
 
 def require_aws(module: str, feature: str) -> ModuleType:
     """`module` (boto3, botocore.*), or `MissingExtra` naming the ``aws`` extra and `feature`."""
-    from jobq.wiring import require  # late: wiring imports backends lazily, never the other way round
+    from jobq.extras import require
 
     return require(module, "aws", feature)
 

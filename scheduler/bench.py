@@ -24,10 +24,10 @@ from typing import TextIO
 
 from jobq.app import App
 from jobq.client import Client
+from jobq.deployment import Deployment
 from jobq.models import Priority, Run, RunState, TaskTarget
 from jobq.settings import Settings
 from jobq.submission import JobSpec
-from jobq.wiring import Deployment
 
 NOOP = "jobq.bench.noop"
 bench_app = App("jobq-bench")

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from jobq.clock import Clock
 from jobq.codec import encode, envelope_for
+from jobq.deployment import Deployment
 from jobq.errors import Conflict, InvalidJob, JobNotFound, RunNotFound, TransportError
 from jobq.models import (
     PAUSED,
@@ -30,7 +31,6 @@ from jobq.models import (
 )
 from jobq.ports import IndexEntry, JobQuery, Page, RunQuery
 from jobq.submission import JobSpec, Limits, build_job, materialise, new_run, preview, resume_fire
-from jobq.wiring import Deployment
 
 _OPEN = frozenset(RunState) - TERMINAL_STATES
 _SUBMITTER = "submitter"  # the lease owner of a run dispatched at submission

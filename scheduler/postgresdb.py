@@ -59,8 +59,8 @@ from jobq.errors import (
     StoreError,
     StoreUnavailable,
 )
+from jobq.extras import require
 from jobq.models import RUN_FIELDS
-from jobq.wiring import require
 
 if TYPE_CHECKING:
     import psycopg

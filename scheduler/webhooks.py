@@ -42,12 +42,12 @@ import httpcore
 import httpx
 
 from jobq.clock import SYSTEM_CLOCK, Clock
+from jobq.deployment import Deployment
 from jobq.errors import EndpointRefused, InvalidJob, WebhookFailed
 from jobq.models import Job, WebhookTarget
 from jobq.netpolicy import NetPolicy
 from jobq.ports import TenantStore
 from jobq.tasks import TaskContext
-from jobq.wiring import Deployment
 
 SIGNATURE_VERSION = "v1"
 USER_AGENT = "jobq-webhook/1"

@@ -6,44 +6,19 @@ naming it (`pip install 'jobq[redis]'`) and never an ImportError at import time.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
-from dataclasses import dataclass
-from types import ModuleType
 from typing import Literal
 from urllib.parse import urlsplit
 
 from jobq.clock import SYSTEM_CLOCK, Clock
-from jobq.errors import ConfigError, MissingExtra
+from jobq.deployment import Deployment
+from jobq.errors import ConfigError
+from jobq.extras import require
 from jobq.ports import HistorySink, JobStore, TimeIndex, Transport
 from jobq.settings import Settings
 from jobq.sqlitedb import SqliteDatabase, path_from_url
 
 _Opener = Callable[[str], SqliteDatabase]
-
-
-def require(module: str, extra: str, feature: str) -> ModuleType:
-    """Import `module` or raise `MissingExtra` naming the extra that installs it."""
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        raise MissingExtra(feature, extra, module.split(".", maxsplit=1)[0]) from None
-
-
-@dataclass
-class Deployment:
-    """The four ports, built from settings; daemons and clients receive this."""
-
-    settings: Settings
-    store: JobStore
-    index: TimeIndex
-    transport: Transport
-    history: HistorySink
-    clock: Clock = SYSTEM_CLOCK
-
-    def close(self) -> None:
-        for part in (self.history, self.transport, self.index, self.store):
-            part.close()
 
 
 def connect(settings: Settings, clock: Clock = SYSTEM_CLOCK) -> Deployment:

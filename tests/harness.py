@@ -11,8 +11,9 @@ from jobq.daemons.beat import Beat
 from jobq.daemons.reaper import Reaper
 from jobq.daemons.scanner import Scanner
 from jobq.daemons.worker import Worker
+from jobq.deployment import Deployment
 from jobq.settings import Settings
-from jobq.wiring import Deployment, connect
+from jobq.wiring import connect
 
 
 def make_deployment(kind: str, tmp_path: Path, clock: ManualClock, **settings: Any) -> Deployment:

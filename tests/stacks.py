@@ -17,8 +17,9 @@ from pathlib import Path
 
 from services import require_postgres, require_rabbitmq, require_redis
 
+from jobq.deployment import Deployment
 from jobq.settings import Settings
-from jobq.wiring import Deployment, connect, init_store
+from jobq.wiring import connect, init_store
 
 STACKS = ("sqlite", "postgres-redis-rabbitmq", "dynamodb-redis-sqs")
 

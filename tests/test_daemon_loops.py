@@ -15,9 +15,10 @@ import pytest
 from jobq.clock import SYSTEM_CLOCK
 from jobq.daemons.base import Daemon
 from jobq.daemons.scanner import Scanner
+from jobq.deployment import Deployment
 from jobq.errors import StoreUnavailable
 from jobq.settings import Settings
-from jobq.wiring import Deployment, connect
+from jobq.wiring import connect
 
 
 class _FlakyIndex:

@@ -20,12 +20,12 @@ from jobq.client import Client
 from jobq.codec import Envelope
 from jobq.daemons.worker import Worker
 from jobq.daemons.worker.attempt import Attempt, Outcome
+from jobq.deployment import Deployment
 from jobq.metrics import METRICS
 from jobq.models import Priority, RunState, TaskTarget
 from jobq.ports import Delivery, RunQuery
 from jobq.submission import JobSpec
 from jobq.tasks import TaskContext, TaskDef, TaskRegistry
-from jobq.wiring import Deployment
 
 pytestmark = pytest.mark.slow
 

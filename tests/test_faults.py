@@ -16,11 +16,12 @@ from services import free_port
 from test_e2e_processes import TASKS, _effects
 
 from jobq.client import Client
+from jobq.deployment import Deployment
 from jobq.models import Priority, RunState, TaskTarget
 from jobq.ports import RunQuery
 from jobq.settings import Settings
 from jobq.submission import JobSpec
-from jobq.wiring import Deployment, connect
+from jobq.wiring import connect
 
 pytestmark = pytest.mark.slow
 

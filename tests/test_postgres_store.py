@@ -24,13 +24,13 @@ from harness import Harness
 from services import free_port, require_postgres
 
 from jobq.clock import ManualClock
+from jobq.deployment import Deployment
 from jobq.errors import ConfigError, DuplicateJob, JobqError, StoreError, StoreUnavailable
 from jobq.metrics import METRICS
 from jobq.models import IdempotencyRecord, JobStatus, Priority, RunEvent, RunState, Transition
 from jobq.ports import ClaimingIndex, IndexEntry
 from jobq.settings import Settings
 from jobq.transport.memory import MemoryTransport
-from jobq.wiring import Deployment
 
 try:
     import psycopg

@@ -15,10 +15,11 @@ import pytest
 from procs import wait_until
 
 from jobq.client import Client
+from jobq.deployment import Deployment
 from jobq.models import RunState
 from jobq.ports import JobQuery
 from jobq.settings import Settings
-from jobq.wiring import Deployment, connect
+from jobq.wiring import connect
 
 REPO = Path(__file__).resolve().parent.parent
 README = (REPO / "README.md").read_text()

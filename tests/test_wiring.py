@@ -111,3 +111,22 @@ def test_a_missing_extra_is_one_line_naming_it(tmp_path: Path, module: str, flag
     assert f"pip install 'jobq[{extra}]'" in result.stderr
     assert "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_only_the_composition_root_knows_the_composition_root() -> None:
+    """No daemon, backend or client imports jobq.wiring at import time: they receive a Deployment
+    (jobq.deployment) and check extras with jobq.extras; the CLI and wiring itself may."""
+    import ast
+    from pathlib import Path
+
+    scheduler = Path(__file__).resolve().parent.parent / "scheduler"
+    offenders = []
+    for path in sorted(scheduler.rglob("*.py")):
+        if path.name == "wiring.py":
+            continue
+        for node in ast.parse(path.read_text()).body:  # module level only: a lazy import in a function is fine
+            if isinstance(node, ast.ImportFrom) and node.module == "jobq.wiring":
+                offenders.append(str(path.relative_to(scheduler)))
+            if isinstance(node, ast.Import) and any(a.name == "jobq.wiring" for a in node.names):
+                offenders.append(str(path.relative_to(scheduler)))
+    assert offenders == []

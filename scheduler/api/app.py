@@ -15,9 +15,9 @@ from jobq.api.routes import dead_letters, operations, router
 from jobq.api.schedules import router as schedules
 from jobq.api.state import ApiState
 from jobq.api.tokens import tenant_store
+from jobq.deployment import Deployment
 from jobq.netpolicy import NetPolicy
 from jobq.ports import TenantStore
-from jobq.wiring import Deployment
 
 DESCRIPTION = """\
 Submit, inspect and control jobs; read and redrive dead letters.

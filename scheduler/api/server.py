@@ -23,8 +23,8 @@ from fastapi import FastAPI
 from jobq import logs
 from jobq.api.app import create_app
 from jobq.daemons.base import Daemon
+from jobq.deployment import Deployment
 from jobq.settings import Settings
-from jobq.wiring import Deployment, connect
 
 SETTINGS_ENV = "JOBQ_API_SETTINGS"
 _GRACE_S = 10
@@ -35,6 +35,8 @@ def app_from_env() -> FastAPI:
     text = os.environ.get(SETTINGS_ENV)
     settings = Settings.model_validate_json(text) if text else Settings.load()
     logs.configure(settings.log_level, settings.log_format)
+    from jobq.wiring import connect  # a uvicorn worker process is its own composition root
+
     return create_app(connect(settings), close_deployment=True)
 
 

@@ -8,9 +8,9 @@ from fastapi import Request
 
 from jobq.api.ratelimit import RateLimiter
 from jobq.client import Client
+from jobq.deployment import Deployment
 from jobq.netpolicy import NetPolicy
 from jobq.ports import TenantStore
-from jobq.wiring import Deployment
 
 
 @dataclass(frozen=True)

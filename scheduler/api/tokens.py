@@ -7,10 +7,10 @@ import re
 import secrets
 from typing import cast
 
+from jobq.deployment import Deployment
 from jobq.errors import ConfigError, InvalidJob
 from jobq.models import ApiToken
 from jobq.ports import TenantStore
-from jobq.wiring import Deployment
 
 TOKEN_PREFIX = "jobq_"
 TENANT_PATTERN = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")  # as JobSpec.tenant_id

@@ -6,9 +6,9 @@ import logging
 import threading
 import time
 
+from jobq.deployment import Deployment
 from jobq.metrics import METRICS
 from jobq.models import Run, RunEvent
-from jobq.wiring import Deployment
 
 # After a failing pass, wait 0.5 s, 1 s, 2 s, ... up to this: short outages of a broker or a store
 # are the common case, and a daemon should be back within seconds of its dependency.

@@ -9,13 +9,13 @@ from __future__ import annotations
 import contextlib
 
 from jobq.daemons.base import Daemon, event
+from jobq.deployment import Deployment
 from jobq.errors import Conflict, JobqError
 from jobq.logs import run_fields
 from jobq.metrics import METRICS
 from jobq.models import Job, Run, RunState
 from jobq.ports import IndexEntry
 from jobq.submission import Limits, materialise
-from jobq.wiring import Deployment
 
 REPAIR_GRACE_MS = 2_000  # a run this overdue and still SCHEDULED may have lost its index entry
 

@@ -9,12 +9,12 @@ renews the lease in the meantime wins.
 from __future__ import annotations
 
 from jobq.daemons.base import Daemon, event
+from jobq.deployment import Deployment
 from jobq.logs import run_fields
 from jobq.metrics import METRICS
 from jobq.models import Job, JobStatus, Run, RunState, Transition
 from jobq.ports import IndexEntry
 from jobq.retry import decide
-from jobq.wiring import Deployment
 
 
 class Reaper(Daemon):

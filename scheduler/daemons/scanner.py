@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from jobq.codec import encode, envelope_for
 from jobq.daemons.base import Daemon, event
+from jobq.deployment import Deployment
 from jobq.errors import TransportError
 from jobq.ids import new_worker_id
 from jobq.metrics import METRICS
@@ -32,7 +33,6 @@ from jobq.models import (
 )
 from jobq.ports import ClaimingIndex, IndexEntry, PartitionedIndex
 from jobq.schedules import cron_for, jitter_ms
-from jobq.wiring import Deployment
 
 _C = frozenset({RunState.CLAIMED})
 _MAX_BATCH = 5000  # the largest `scan_batch` the settings accept

@@ -82,6 +82,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from jobq.clock import SYSTEM_CLOCK, Clock
 from jobq.errors import ConfigError, StoreError, StoreUnavailable
+from jobq.extras import require
 from jobq.models import PRIORITIES_BY_RANK, Priority
 from jobq.ports import IndexEntry
 from jobq.timeindex.redis_codec import (
@@ -98,7 +99,6 @@ from jobq.timeindex.redis_codec import (
 )
 from jobq.timeindex.redis_door import CLAIM, CONFIRM, Command, Door, RedisClient, as_text, with_scores
 from jobq.timeindex.redis_scanners import ScannerMembership
-from jobq.wiring import require
 
 __all__ = [
     "CLAIM",

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from jobq.errors import StoreError, StoreUnavailable
-from jobq.wiring import require
+from jobq.extras import require
 
 log = logging.getLogger("jobq.timeindex.redis")
 

@@ -13,9 +13,10 @@ from jobq.api.app import create_app
 from jobq.api.ratelimit import RateLimiter
 from jobq.api.server import ApiServer, listen
 from jobq.api.tokens import issue_token, tenant_store
+from jobq.deployment import Deployment
 from jobq.netpolicy import NetPolicy, Resolver
 from jobq.settings import Settings
-from jobq.wiring import Deployment, connect
+from jobq.wiring import connect
 
 from .support import Receiver, Reply, public_resolver, wait_for
 

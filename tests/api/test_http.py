@@ -15,10 +15,10 @@ from jobq.api.tokens import hash_token, tenant_store
 from jobq.client import Client
 from jobq.daemons.scanner import Scanner
 from jobq.daemons.worker import Worker
+from jobq.deployment import Deployment
 from jobq.netpolicy import NetPolicy
 from jobq.tasks import TaskRegistry
 from jobq.webhooks import HttpWebhookCaller
-from jobq.wiring import Deployment
 
 from .conftest import Api
 from .support import Receiver, Reply, webhook_job

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
+from jobq.deployment import Deployment
 from jobq.errors import ConfigError, EndpointRefused
 from jobq.netpolicy import NetPolicy, refusal_reason
-from jobq.wiring import Deployment
 
 from .conftest import Api
 from .support import Receiver, webhook_job

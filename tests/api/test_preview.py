@@ -10,7 +10,7 @@ import pytest
 from jobq.client import Client
 from jobq.crondialect import h_value
 from jobq.cronpreview import PreviewSpec, preview_document
-from jobq.wiring import Deployment
+from jobq.deployment import Deployment
 
 from .conftest import Api
 

@@ -19,8 +19,9 @@ from services import free_port
 
 from jobq.api.tokens import issue_token, tenant_store
 from jobq.contrib.webhook_verify import verify
+from jobq.deployment import Deployment
 from jobq.settings import Settings
-from jobq.wiring import Deployment, connect
+from jobq.wiring import connect
 
 from .support import Receiver, Reply, wait_for, webhook_job
 

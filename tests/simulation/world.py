@@ -24,12 +24,13 @@ from jobq.daemons.worker import Worker
 from jobq.daemons.worker.attempt import Attempt, AttemptKey, Outcome
 from jobq.daemons.worker.execution import execute
 from jobq.daemons.worker.pools import Done
+from jobq.deployment import Deployment
 from jobq.errors import JobqError
 from jobq.models import TRANSITIONS, Job, JobStatus, Run, RunState, Transition
 from jobq.ports import JobQuery, RunQuery
 from jobq.settings import Settings
 from jobq.tasks import TaskContext
-from jobq.wiring import Deployment, connect
+from jobq.wiring import connect
 from simulation.baton import Actor, Crashed
 from simulation.ports import Faults, SimPort
 

@@ -18,11 +18,11 @@ from collections.abc import Sequence
 from jobq.daemons.base import MAX_BACKOFF_S, event
 from jobq.daemons.worker.attempt import Attempt, looks_written
 from jobq.daemons.worker.state import WorkerState
+from jobq.deployment import Deployment
 from jobq.logs import run_fields
 from jobq.metrics import METRICS
 from jobq.models import Run, RunState
 from jobq.ports import IndexEntry
-from jobq.wiring import Deployment
 
 BATCH = 500  # outcomes written in one store call at most
 

@@ -13,7 +13,7 @@ and fail the start compare-and-set then.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from jobq.codec import Envelope, UndecodableMessage, decode
@@ -22,11 +22,11 @@ from jobq.daemons.worker.attempt import STARTABLE, Attempt, Outcome, hand_back, 
 from jobq.daemons.worker.execution import webhook_task
 from jobq.daemons.worker.pools import Done, Pool
 from jobq.daemons.worker.state import WorkerState
+from jobq.deployment import Deployment
 from jobq.metrics import METRICS
 from jobq.models import PAUSED, PAUSED_RECHECK_MS, WEBHOOK_TASK, Job, JobStatus, Run, RunState, Transition
 from jobq.ports import Delivery, IndexEntry
 from jobq.tasks import TaskContext, TaskDef, TaskRegistry, WebhookCaller
-from jobq.wiring import Deployment
 
 UNKNOWN_TASK_REDELIVERIES = 5  # other workers may serve it; after this many deliveries the run fails
 
@@ -182,7 +182,7 @@ class Consumer:
                 gone.append(attempt)
             else:
                 move = hand_back(attempt.run, self.worker_id, now, "handed back: its start took a third of its lease")
-                self.state.finish(attempt.key, lambda a, move=move: a.decide(move, "HANDED_BACK", None, now))
+                self.state.finish(attempt.key, _deciding(move, "HANDED_BACK", now))
         if gone:
             METRICS.fenced_writes.inc(len(gone), op="heartbeat")
             self.state.release(gone)
@@ -298,3 +298,10 @@ class Consumer:
 
 _UNSERVED = TaskDef("jobq.unserved", lambda: None)  # a marker: the run fails as UnknownTask
 _WEBHOOK = TaskDef(WEBHOOK_TASK, lambda: None)  # a marker: resolved per run by `webhook_task`
+
+
+def _deciding(move: Transition, kind: str, now_ms: int) -> Callable[[Attempt], None]:
+    def decide(attempt: Attempt) -> None:
+        attempt.decide(move, kind, None, now_ms)
+
+    return decide

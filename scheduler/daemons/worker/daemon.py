@@ -19,11 +19,11 @@ from jobq.daemons.worker.consumer import Consumer
 from jobq.daemons.worker.monitor import LeaseMonitor
 from jobq.daemons.worker.pools import Pool, make_pool
 from jobq.daemons.worker.state import WorkerState
+from jobq.deployment import Deployment
 from jobq.ids import new_worker_id
 from jobq.metrics import METRICS
 from jobq.ports import HealthCheck
 from jobq.tasks import TaskRegistry, WebhookCaller
-from jobq.wiring import Deployment
 
 MONITOR_TICK_S = 0.5
 COMPLETE_GATHER_S = 0.002  # while other runs execute, outcomes this close together share a batch

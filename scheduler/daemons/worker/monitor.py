@@ -19,10 +19,10 @@ import threading
 from jobq.daemons.worker.attempt import Attempt, Outcome, Phase, failure, renewal
 from jobq.daemons.worker.pools import Pool
 from jobq.daemons.worker.state import WorkerState
+from jobq.deployment import Deployment
 from jobq.logs import run_fields
 from jobq.metrics import METRICS
 from jobq.models import RunState
-from jobq.wiring import Deployment
 
 
 class LeaseMonitor:
