@@ -202,7 +202,7 @@ class Scanner(Daemon):
                     replaced, _ = dispatching.pop(prev.run_id)
                     self._misfire(replaced, job, now_ms)
                     reason = f"SKIPPED: replaced by the overlapping run {run.run_id} before dispatch"
-                    plan.end(replaced, RunState.CANCELLED, "SKIPPED", reason, now_ms, blocked_by=run.run_id)
+                    plan.end(replaced, RunState.CANCELLED, "SKIPPED", reason, now_ms)
                     known[prev.run_id] = replaced.model_copy(update={"state": RunState.CANCELLED})
                 else:
                     if prev.state is RunState.SCHEDULED:  # held, never dispatched: a fire that will not run
@@ -367,6 +367,6 @@ def _blocker(run: Run, known: dict[str, Run]) -> Run | None:
     """The unfinished run that `run` overlaps, if any. A predecessor skipped for overlap points
     (`blocked_by`) at the run that blocked it, which then blocks this run too."""
     prev = known.get(run.prev_run_id or "")
-    if prev is not None and prev.state is RunState.CANCELLED and prev.blocked_by:
-        prev = known.get(prev.blocked_by, prev)
-    return prev if prev is not None and not prev.state.terminal else None
+    if prev is not None and prev.state is RunState.CANCELLED and prev.blocked_by not in (None, run.run_id):
+        prev = known.get(prev.blocked_by or "", prev)
+    return prev if prev is not None and not prev.state.terminal and prev.run_id != run.run_id else None
