@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 from jobq.daemons.base import MAX_BACKOFF_S, event
 from jobq.daemons.worker.attempt import Attempt, looks_written
+from jobq.daemons.worker.broker import BrokerLane
 from jobq.daemons.worker.state import WorkerState
 from jobq.deployment import Deployment
 from jobq.logs import run_fields
@@ -28,9 +29,10 @@ BATCH = 500  # outcomes written in one store call at most
 
 
 class Completer:
-    def __init__(self, deployment: Deployment, state: WorkerState, *, worker_id: str) -> None:
+    def __init__(self, deployment: Deployment, state: WorkerState, lane: BrokerLane, *, worker_id: str) -> None:
         self.d = deployment
         self.state = state
+        self.lane = lane
         self.worker_id = worker_id
         self.log = logging.getLogger("jobq.worker")
         self.completed = 0  # attempts whose outcome is settled (written or refused)
@@ -111,13 +113,12 @@ class Completer:
                 self.d.index.add(reindex)  # should this fail, beat's repair re-indexes them
             if events:
                 self.d.history.record(events)
-            self.d.transport.ack([a.delivery for a in batch])
         except Exception:
-            # The outcomes are durable; an unacked message comes back and fails its start write.
             METRICS.loop_errors.inc(daemon="completer")
-            self.log.exception("outcomes written, but indexing or acking %d of them failed", len(batch))
+            self.log.exception("outcomes written, but indexing %d of them failed", len(batch))
         finally:
             self.state.release(batch)
+            self.lane.ack([a.delivery for a in batch])  # in the broker lane: a stalled broker holds up no write
 
     def _log(self, attempt: Attempt, after: Run) -> None:
         fields = run_fields(attempt.run, task=attempt.envelope.task, duration_ms=attempt.duration_ms)

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 from jobq.daemons.base import MAX_BACKOFF_S, Daemon
 from jobq.daemons.worker.attempt import Attempt, AttemptKey, Outcome, Phase, completes_job, failure, hand_back, success
+from jobq.daemons.worker.broker import BrokerLane
 from jobq.daemons.worker.completer import Completer
 from jobq.daemons.worker.consumer import Consumer
 from jobq.daemons.worker.monitor import LeaseMonitor
@@ -68,11 +69,13 @@ class Worker(Daemon):
             webhook=webhook,
             on_done=self.finished,
         )
-        self.completer = Completer(deployment, self.state, worker_id=self.worker_id)
+        self.lane = BrokerLane(deployment.transport, background=background)
+        self.completer = Completer(deployment, self.state, self.lane, worker_id=self.worker_id)
         self.monitor = LeaseMonitor(
             deployment,
             self.state,
             self.pool,
+            self.lane,
             worker_id=self.worker_id,
             lease_ms=lease_ms,
             heartbeat_ms=round(self.settings.heartbeat_s * 1000),
@@ -127,6 +130,7 @@ class Worker(Daemon):
                 return
             self.store.register_worker(self.worker_id, sorted(self.registry.names()), self.queues, self.clock.now_ms())
             self.pool.start(self.concurrency)
+            self.lane.start()
             if self.background:
                 for target, name in ((self._completer_loop, "jobq-completer"), (self._monitor_loop, "jobq-monitor")):
                     thread = threading.Thread(target=target, name=name, daemon=True)
@@ -219,8 +223,12 @@ class Worker(Daemon):
         return busy or not isinstance(transport, HealthCheck) or transport.health_check(max_silence_s)
 
     def wait_idle(self, timeout_s: float = 10.0) -> bool:
-        """Block until nothing is held: every started attempt finished and its outcome is settled."""
-        return self.state.wait(lambda: not self.state.held, timeout_s)
+        """Block until nothing is held (every started attempt finished and its outcome is settled)
+        and every ack and extension has been handed to the broker."""
+        deadline = time.monotonic() + timeout_s
+        if not self.state.wait(lambda: not self.state.held, timeout_s):
+            return False
+        return self.lane.drain(max(0.0, deadline - time.monotonic()))
 
     def shutdown(self) -> None:
         """Stop: wait up to `shutdown_grace_s` for running tasks, hand the rest back (fence+1,
@@ -251,5 +259,8 @@ class Worker(Daemon):
         self._stopping.set()
         for thread in self._threads:
             thread.join(timeout=2)
+        if not self.lane.drain(DRAIN_S):
+            self.log.warning("the broker did not take every ack in time; those messages come back and are dropped")
+        self.lane.close(1)
         self.pool.close(0)
         self.log.info("worker %s stopped after %d runs", self.worker_id, self.completed)

@@ -17,6 +17,7 @@ import logging
 import threading
 
 from jobq.daemons.worker.attempt import Attempt, Outcome, Phase, failure, renewal
+from jobq.daemons.worker.broker import BrokerLane
 from jobq.daemons.worker.pools import Pool
 from jobq.daemons.worker.state import WorkerState
 from jobq.deployment import Deployment
@@ -31,6 +32,7 @@ class LeaseMonitor:
         deployment: Deployment,
         state: WorkerState,
         pool: Pool,
+        lane: BrokerLane,
         *,
         worker_id: str,
         lease_ms: int,
@@ -39,6 +41,7 @@ class LeaseMonitor:
         self.d = deployment
         self.state = state
         self.pool = pool
+        self.lane = lane
         self.worker_id = worker_id
         self.lease_ms = lease_ms
         self.heartbeat_ms = heartbeat_ms
@@ -74,7 +77,7 @@ class LeaseMonitor:
         for a in kept:
             a.beat_ms = now_ms
         if kept:
-            self.d.transport.extend([a.delivery for a in kept], self.d.settings.visibility_timeout_s)
+            self.lane.extend([a.delivery for a in kept], self.d.settings.visibility_timeout_s)
         if lost:
             self._lost(lost)
 
