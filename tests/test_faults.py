@@ -146,3 +146,119 @@ def test_flushing_the_time_index_mid_run_loses_nothing_because_beat_repairs_it(
         codes = procs.stop_all()
         d.close()
     assert all(code == 0 for code in codes.values()), (codes, procs.logs())
+
+
+def test_a_stalled_redis_holds_up_no_outcome_and_duplicates_no_finished_run(workdir: Path, redis: PrivateRedis) -> None:
+    """Redis (broker and index) is SIGSTOPped past the leases, not killed: nothing crashes, so no
+    run may execute twice. Workers keep writing outcomes and renewing leases in the store while
+    their acks and visibility extensions wait for the broker."""
+    import os
+    import signal
+
+    store = f"sqlite:///{workdir / 'jobq.db'}"
+    env = {
+        "JOBQ_STORE": store,
+        "JOBQ_INDEX": redis.url,
+        "JOBQ_BROKER": redis.url,
+        "JOBQ_LEASE_S": "6",  # the stall lasts twice a lease
+        "JOBQ_HEARTBEAT_S": "2",
+        "E2E_EFFECTS": str(workdir / "effects.db"),
+    }
+    d = connect(Settings.load({"store": store, "index": redis.url, "broker": redis.url, "history_flush_s": 0}, env={}))
+    procs = Processes(workdir, env)
+    try:
+        for name in ("beat", "scanner", "reaper"):
+            procs.start(name, name)
+        for n in (1, 2):
+            procs.start(f"worker-{n}", "worker", "-A", "e2e_tasks", "-c", "8")
+        client = Client(d)
+        spec = JobSpec.model_validate({"target": TaskTarget(task="e2e.slow"), "schedule_type": "IMMEDIATE"})
+        work = spec.model_copy(update={"payload": {"args": [0.05]}})
+        for _ in range(600):
+            client.submit(work)
+        wait_until(lambda: len(_effects(workdir)) >= 200, 60, "work under way")
+        assert redis.proc is not None
+        os.kill(redis.proc.pid, signal.SIGSTOP)
+        time.sleep(12)
+        os.kill(redis.proc.pid, signal.SIGCONT)
+
+        def everything_done() -> bool:
+            runs = d.store.list_runs(RunQuery(limit=1000)).items
+            return len(runs) == 600 and all(r.state is RunState.SUCCEEDED for r in runs)
+
+        wait_until(everything_done, 120, "every run to succeed after the stall")
+        runs = d.store.list_runs(RunQuery(limit=1000)).items
+        assert {r.attempt for r in runs} == {1}, "no finished run was taken back and run again"
+        started = [row[0] for row in _effects(workdir, "started")]
+        assert len(started) == len(set(started)) == 600, "a run was executed twice with nothing crashed"
+    finally:
+        if redis.proc is not None:
+            os.kill(redis.proc.pid, signal.SIGCONT)
+        codes = procs.stop_all()
+        d.close()
+    assert all(code == 0 for code in codes.values()), (codes, procs.logs())
+
+
+@pytest.mark.timeout(300)
+def test_a_store_outage_during_completion_loses_no_outcome(workdir: Path) -> None:
+    """PostgreSQL is cut off (connections dropped, new ones refused) for 4 s while tasks finish:
+    workers hold the finished attempts, keep retrying their outcome writes and renewing their
+    leases, and every run ends SUCCEEDED on its first attempt."""
+    import uuid
+
+    from services import require_postgres
+    from stacks import self_hosted_cleanups
+    from tcp_proxy import TcpProxy
+
+    from jobq.wiring import init_store
+
+    dsn = require_postgres()
+    proxy = TcpProxy("127.0.0.1", 5432)
+    tag = f"t{uuid.uuid4().hex[:10]}"
+    direct = f"{dsn}?schema={tag}"
+    proxied = f"postgresql://127.0.0.1:{proxy.port}/test?schema={tag}&pool_timeout=1"  # an outage raises, not waits
+    init_store(Settings.load({"store": direct}, env={}))
+    env = {
+        "JOBQ_STORE": proxied,
+        "JOBQ_INDEX": proxied,
+        "JOBQ_BROKER": f"sqlite:///{workdir / 'queue.db'}",
+        "JOBQ_LEASE_S": "8",
+        "JOBQ_HEARTBEAT_S": "2",
+        "E2E_EFFECTS": str(workdir / "effects.db"),
+    }
+    d = connect(Settings.load({"store": direct, "broker": env["JOBQ_BROKER"], "history_flush_s": 0}, env={}))
+    procs = Processes(workdir, env)
+    try:
+        for name in ("scanner", "reaper"):
+            procs.start(name, name)
+        procs.start("worker", "worker", "-A", "e2e_tasks", "-c", "16")
+        client = Client(d)
+        spec = JobSpec.model_validate(
+            {"target": TaskTarget(task="e2e.slow"), "schedule_type": "IMMEDIATE", "payload": {"args": [0.3]}}
+        )
+        for _ in range(300):
+            client.submit(spec)
+        wait_until(lambda: len(_effects(workdir)) >= 60, 60, "work under way")
+        proxy.cut()
+        time.sleep(4)
+        proxy.restore()
+
+        def everything_done() -> bool:
+            runs = d.store.list_runs(RunQuery(limit=1000)).items
+            return len(runs) == 300 and all(r.state is RunState.SUCCEEDED for r in runs)
+
+        wait_until(everything_done, 120, "every run to succeed after the outage")
+        time.sleep(10)  # past every lease: a dropped outcome would now be reclaimed and run again
+        runs = d.store.list_runs(RunQuery(limit=1000)).items
+        assert {(r.state, r.attempt) for r in runs} == {(RunState.SUCCEEDED, 1)}
+        started = [row[0] for row in _effects(workdir, "started")]
+        assert len(started) == len(set(started)) == 300, "a finished run was executed again"
+        assert "could not record" in procs.log("worker"), "the outcome writes did meet the outage"
+    finally:
+        proxy.restore()
+        codes = procs.stop_all()
+        d.close()
+        proxy.close()
+        for cleanup in self_hosted_cleanups(tag)[:1]:
+            cleanup()
+    assert all(code == 0 for code in codes.values()), (codes, procs.logs())

@@ -232,3 +232,59 @@ def test_the_reaper_finds_no_run_to_reclaim_after_a_batch_of_outcomes_failed_onc
     _finish(h, worker, jobs)
     done = h.d.store.list_runs(RunQuery(limit=100)).items
     assert sorted({(r.state, r.attempt) for r in done}) == [(RunState.SUCCEEDED, 1)]
+
+
+class _StalledBroker:
+    """The deployment's transport, whose acks and extensions hang until `resume` (a SIGSTOPped Redis)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.resume = threading.Event()
+        self.hung = threading.Event()
+
+    def ack(self, deliveries: Any) -> None:
+        self.hung.set()
+        assert self.resume.wait(20)
+        self.inner.ack(deliveries)
+
+    def extend(self, deliveries: Any, visibility_s: float) -> None:
+        self.hung.set()
+        assert self.resume.wait(20)
+        self.inner.extend(deliveries, visibility_s)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def test_a_stalled_broker_holds_up_neither_outcomes_nor_lease_renewals(h: Harness) -> None:
+    release = threading.Event()
+
+    @h.app.task(name="t.quick")
+    def quick() -> None:
+        pass
+
+    @h.app.task(name="t.long")
+    def long() -> None:
+        assert release.wait(20)
+
+    broker = _StalledBroker(h.d.transport)
+    h.d.transport = broker  # type: ignore[assignment]
+    worker = h.worker(concurrency=8)
+    long_job = long.delay().job_id
+    first = [quick.delay().job_id for _ in range(3)]
+    worker.run_once(h.clock.now_ms())
+    assert worker.state.wait(lambda: worker.state.busy() == 1, 5), "the quick outcomes are written"
+    assert broker.hung.wait(5), "and their acks hang on the broker"
+    second = [quick.delay().job_id for _ in range(3)]
+    worker.run_once(h.clock.now_ms())
+    assert worker.state.wait(lambda: worker.state.busy() == 1, 5), "later outcomes are not stuck behind the acks"
+    for _ in range(6):  # a minute of the long task, twice its lease, with the broker still stalled
+        h.advance(10)
+        worker.monitor_once(h.clock.now_ms())
+        assert h.reaper.run_once(h.clock.now_ms()) == 0, "its lease is renewed all the same"
+    release.set()
+    assert worker.state.wait(lambda: worker.state.busy() == 0, 5)
+    runs = [h.client.get(j).current_run for j in [long_job, *first, *second]]
+    assert {(r.state, r.attempt) for r in runs if r} == {(RunState.SUCCEEDED, 1)}
+    broker.resume.set()
+    assert worker.wait_idle(10)
