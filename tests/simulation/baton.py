@@ -28,6 +28,23 @@ def current() -> Actor | None:
     return getattr(_local, "actor", None)
 
 
+def acting() -> str:
+    """Who the scheduler's own thread is running an operation for (`as_actor`), else "setup"."""
+    return getattr(_local, "acting", "setup")
+
+
+def as_actor(name: str, op: Callable[[], Any]) -> tuple[Any, BaseException | None]:
+    """Run `op` to its end on the scheduler's thread, its port calls attributed to `name`: no
+    turns and no faults (for when nothing else is to interleave, as when the world settles)."""
+    _local.acting = name
+    try:
+        return op(), None
+    except Exception as exc:
+        return None, exc
+    finally:
+        _local.acting = "setup"
+
+
 class Actor:
     def __init__(self, name: str) -> None:
         self.name = name

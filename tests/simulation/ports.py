@@ -50,9 +50,9 @@ class SimPort:
 
         def call(*args: Any, **kwargs: Any) -> Any:
             actor = baton.current()
-            if actor is None:  # the scheduler's own thread (set-up in scenarios): no faults, no turns
+            if actor is None:  # the scheduler's own thread (set-up, settling): no faults, no turns
                 result = attr(*args, **kwargs)
-                self._observe("setup", name, args, result)
+                self._observe(baton.acting(), name, args, result)
                 return result
             actor.checkpoint(f"{self._port}.{name}")
             mode = self._faults.take(actor.name, self._port, name)

@@ -5,6 +5,9 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
+
 import pytest
 
 from simulation.runner import describe, run_seed, shrink
@@ -22,6 +25,13 @@ def _seeds(config: pytest.Config) -> list[int]:
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "seed" in metafunc.fixturenames:
         metafunc.parametrize("seed", _seeds(metafunc.config))
+
+
+@pytest.fixture(autouse=True)
+def _quiet() -> Iterator[None]:
+    logging.disable(logging.CRITICAL)  # thousands of daemon passes: their logs only slow the search
+    yield
+    logging.disable(logging.NOTSET)
 
 
 def test_no_seed_breaks_a_guarantee(seed: int, request: pytest.FixtureRequest) -> None:

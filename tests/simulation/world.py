@@ -31,7 +31,7 @@ from jobq.ports import JobQuery, RunQuery
 from jobq.settings import Settings
 from jobq.tasks import TaskContext
 from jobq.wiring import connect
-from simulation.baton import Actor, Crashed
+from simulation.baton import Actor, Crashed, as_actor
 from simulation.ports import Faults, SimPort
 
 T0 = 1_790_000_000_000  # a whole minute, UTC
@@ -161,7 +161,9 @@ class World:
         self.cancel_returned: dict[str, int] = {}  # job -> step
         self.pause_returned: dict[str, int] = {}  # job -> step, until a resume begins
         self.resuming: dict[str, int] = {}  # job -> resumes in progress (a pause they overlap proves nothing)
+        self.resumes: dict[str, int] = {}  # job -> resumes begun so far
         self.job_ids: list[str] = []
+        self.controlled: set[str] = set()  # jobs a cancel, pause or resume was tried on
 
     # -- actors ---------------------------------------------------------------------------------
 
@@ -343,10 +345,14 @@ class World:
         job_id = self.job_ids[arg % len(self.job_ids)] if self.job_ids else None
         if job_id is None:
             return (lambda: None), None
+        if op in ("cancel", "pause", "resume"):
+            self.controlled.add(job_id)
         if op == "resume":
             self.pause_returned.pop(job_id, None)  # from here on, runs may start again
             self.resuming[job_id] = self.resuming.get(job_id, 0) + 1
-        return (lambda: (op, job_id, getattr(client, op)(job_id))), job_id
+            self.resumes[job_id] = self.resumes.get(job_id, 0) + 1
+        resumes_before = self.resumes.get(job_id, 0)
+        return (lambda: (op, job_id, getattr(client, op)(job_id), resumes_before)), job_id
 
     def client_done(self, actor: Actor, job_id: str | None = None) -> None:
         """A client operation ended: from a cancel or pause that returned, the guarantee holds."""
@@ -355,21 +361,42 @@ class World:
             self.pause_returned.pop(job_id, None)
         if actor.error is not None:
             return
-        if isinstance(actor.result, tuple) and len(actor.result) == 3:
-            op, job_id, _ = actor.result
+        if isinstance(actor.result, tuple) and len(actor.result) == 4:
+            op, job_id, _, resumes_before = actor.result
             if op == "cancel":
                 self.cancel_returned.setdefault(job_id, self.step_no)
-            elif op == "pause" and not self.resuming.get(job_id):
+            elif op == "pause" and not self.resuming.get(job_id) and self.resumes.get(job_id, 0) == resumes_before:
+                # A resume that began while the pause was under way may have come after it.
                 self.pause_returned[job_id] = self.step_no
 
     def check_error(self, actor: Actor) -> None:
         """Daemons and clients may fail with jobq's own errors (faults, conflicts); anything else is a bug."""
-        error = actor.error
+        self.check_failure(actor.name, actor.label, actor.error)
+
+    def check_failure(self, name: str, label: str, error: BaseException | None) -> None:
         if error is None or isinstance(error, Crashed | JobqError):
             return
-        self.violate(f"{actor.name} ({actor.label}) raised {type(error).__name__}: {error}")
+        self.violate(f"{name} ({label}) raised {type(error).__name__}: {error}")
+
+    def run_now(self, name: str) -> Any:
+        """One pass of a daemon actor, to its end, on the scheduler's thread (nothing interleaves)."""
+        result, error = as_actor(name, self.operation(name))
+        self.check_failure(name, "pass", error)
+        return result
 
     # -- end of a run ---------------------------------------------------------------------------
+
+    def settled(self, until_ms: int) -> bool:
+        """A cheap first look, from the observed model: no run held by a lease, and every run due by
+        `until_ms` finished (or waiting on a paused job). `open_problems` reads the store itself."""
+        open_runs = [r for r in self.model.values() if not r.state.terminal]
+        if any(r.state is not RunState.SCHEDULED for r in open_runs):
+            return False
+        waiting = [r for r in open_runs if r.nominal_ms <= until_ms]
+        if not waiting:
+            return True
+        jobs = self.raw.store.get_jobs(list({r.job_id for r in waiting}))
+        return all(j.status is JobStatus.PAUSED for j in (jobs.get(r.job_id) for r in waiting) if j is not None)
 
     def open_problems(self, until_ms: int) -> list[str]:
         """Runs not settled as they should be by now: an unfinished run of an active job due
@@ -388,6 +415,28 @@ class World:
         for e in self.executions:
             if not self.explained(e):
                 problems.append(f"the outcome of {e} was never written and nothing explains it")
+        problems += self._missing_fires(jobs, until_ms)
+        return problems
+
+    def _missing_fires(self, jobs: dict[str, Job], until_ms: int) -> list[str]:
+        """Design §14.5 where the policies make it exact: a cron job with misfire `fire_all` and
+        overlap `ALLOW_ALL`, never paused or cancelled, has a run for every fire up to the end,
+        whichever daemons were down, crashed or stalled meanwhile."""
+        from jobq.schedules import cron_for
+
+        problems = []
+        runs = {r.run_id for r in _all_runs(self.raw)}
+        for job in jobs.values():
+            exact = job.misfire_policy.value == "fire_all" and job.overlap_policy.value == "ALLOW_ALL"
+            if not job.recurring or not exact or job.job_id in self.controlled:
+                continue
+            for fire in cron_for(job.schedule).iter_after(job.created_ms):
+                if fire > until_ms:
+                    break
+                if Run.make_id(job.job_id, fire) not in runs:
+                    problems.append(
+                        f"cron job {job.job_id} (fire_all, ALLOW_ALL) has no run for its fire at {fire - T0}"
+                    )
         return problems
 
 
