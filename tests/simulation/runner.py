@@ -134,7 +134,6 @@ def settle(world: World, *, max_rounds: int = 900) -> None:
                 world.client_done(actor, actor.subject)
     until_ms = world.clock.now_ms()
     for _ in range(max_rounds):
-        worked = False
         for name in DAEMON_ACTORS:
             if name.endswith(".monitor"):
                 continue
@@ -143,10 +142,8 @@ def settle(world: World, *, max_rounds: int = 900) -> None:
                 if slot is not None and slot.pool is not None:
                     while slot.pool.pending:
                         slot.pool.run(0)
-                        worked = True
                 if not world.run_now(name):
                     break
-                worked = True
         busy = any(s.worker is not None and s.worker.state.busy() for s in world.workers)
         if not busy and world.settled(until_ms) and not world.open_problems(until_ms):
             return
