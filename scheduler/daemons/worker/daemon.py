@@ -138,7 +138,7 @@ class Worker(Daemon):
                     self._threads.append(thread)
             self._started = True
             self.log.info(
-                "worker %s serving %s with %d %s slots",
+                "worker %s serving %s with %d slots (%s pool)",
                 self.worker_id,
                 ",".join(self.queues),
                 self.concurrency,
