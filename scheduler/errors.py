@@ -3,7 +3,8 @@
     JobqError
     ├── ConfigError                 a setting or URL is wrong (names the key and the value)
     │   └── MissingExtra            an optional backend's extra is not installed
-    ├── InvalidJob                  a submission is refused; nothing was written
+    ├── InvalidJob                  input is refused (at the edge: nothing was written)
+    │   ├── InvalidQuery            a list filter or cursor holding text no store can hold
     │   ├── ScheduleError
     │   │   ├── InvalidCron
     │   │   ├── UnknownTimezone
@@ -59,12 +60,18 @@ class MissingExtra(ConfigError):
 
 
 class InvalidJob(JobqError):
-    """A submission was refused. `field` names the offending input when there is one."""
+    """Input was refused at the edge (a submission, or a query's text); nothing was written.
+    `field` names the offending input when there is one."""
 
     def __init__(self, message: str, *, field: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.field = field
+
+
+class InvalidQuery(InvalidJob):
+    """A query's text (name prefix, tenant, cursor) holds NUL or a lone surrogate: no stored
+    value can match it, and PostgreSQL refuses to compare it."""
 
 
 class ScheduleError(InvalidJob):

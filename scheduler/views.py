@@ -1,12 +1,16 @@
-"""The external shape of jobs and runs: one rendering for `--json` output and the HTTP API."""
+"""The external shape of jobs and runs: one rendering for `--json` output and the HTTP API.
+
+Rendering never fails on anything a store can hold: instants are formatted by the total
+`jobq.instants.to_iso`, and a run held for its paused job has no due time.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 from jobq.client import JobView
-from jobq.models import Job, Run, RunEvent, TaskTarget
-from jobq.schedules import to_iso
+from jobq.instants import to_iso
+from jobq.models import Job, JobStatus, Run, RunEvent, RunState, TaskTarget
 
 
 def iso(ms: int | None) -> str | None:
@@ -22,7 +26,7 @@ def run_resource(run: Run) -> dict[str, Any]:
         "fencing_token": run.fence,
         "priority": run.priority.value,
         "nominal_time_iso": iso(run.nominal_ms),
-        "due_time_iso": iso(run.due_ms) if run.due_ms < 2**62 else None,
+        "due_time_iso": None if run.held else iso(run.due_ms),
         "lease_worker_id": run.lease_owner,
         "lease_expires_at": iso(run.lease_expires_ms),
         "last_heartbeat_at": iso(run.last_heartbeat_ms),
@@ -38,9 +42,11 @@ def run_resource(run: Run) -> dict[str, Any]:
 def job_resource(view: JobView) -> dict[str, Any]:
     job, run = view.job, view.current_run
     upcoming = list(view.next_fire_times)
+    paused = job.status is JobStatus.PAUSED and (run is None or run.state is RunState.SCHEDULED)
     return {
         **job_summary(job),
-        "status": run.state.value if run is not None else job.status.value,
+        # A paused job's waiting run is SCHEDULED in the store; what the user needs to see is why it waits.
+        "status": JobStatus.PAUSED.value if paused else run.state.value if run is not None else job.status.value,
         "last_heartbeat_at": iso(run.last_heartbeat_ms) if run else None,
         "current_lease_worker_id": run.lease_owner if run else None,
         "current_attempt": run.attempt if run else None,
