@@ -37,6 +37,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from jobq.redaction import redact_text, redact_value
+
 
 class JobqError(Exception):
     """Root of every error jobq raises on purpose."""
@@ -45,10 +47,14 @@ class JobqError(Exception):
 
 
 class ConfigError(JobqError):
+    """`key` and `value` as given, but a secret never: passwords and secret parameters in the value
+    and the reason are redacted (`jobq.redaction`) before they reach the message or `value`."""
+
     def __init__(self, key: str, value: object, reason: str) -> None:
-        super().__init__(f"{key}={value!r}: {reason}")
+        shown = redact_value(key, value)
+        super().__init__(redact_text(f"{key}={shown!r}: {reason}"))
         self.key = key
-        self.value = value
+        self.value = shown
 
 
 class MissingExtra(ConfigError):

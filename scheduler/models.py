@@ -175,7 +175,8 @@ class WebhookTarget(_Record):
     type: Literal["HTTP_WEBHOOK"] = "HTTP_WEBHOOK"
     endpoint: str = Field(min_length=1, max_length=2048)
     method: Literal["GET", "POST", "PUT", "PATCH", "DELETE"] = "POST"
-    headers: dict[str, str] = Field(default_factory=dict)
+    # Values are often credentials (Authorization): kept out of reprs; `jobq.redaction` hides them in views.
+    headers: dict[str, str] = Field(default_factory=dict, repr=False)
     timeout_seconds: float = Field(default=30.0, gt=0, le=900)
 
 

@@ -1,7 +1,8 @@
 """The external shape of jobs and runs: one rendering for `--json` output and the HTTP API.
 
 Rendering never fails on anything a store can hold: instants are formatted by the total
-`jobq.instants.to_iso`, and a run held for its paused job has no due time.
+`jobq.instants.to_iso`, a run held for its paused job has no due time, and secrets are write-only
+(webhook header values are shown redacted, `redact_target`).
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ from typing import Any
 
 from jobq.client import JobView
 from jobq.instants import to_iso
-from jobq.models import Job, JobStatus, Run, RunEvent, RunState, TaskTarget
+from jobq.models import Job, JobStatus, Run, RunEvent, RunState, Target, TaskTarget, WebhookTarget
+from jobq.redaction import redact_headers, redact_url
 
 
 def iso(ms: int | None) -> str | None:
@@ -62,8 +64,17 @@ def job_resource(view: JobView) -> dict[str, Any]:
         "catchup_window_seconds": job.catchup_window_s,
         "overlap_policy": job.overlap_policy.value,
         "jitter_seconds": job.jitter_s,
-        "target": job.target.model_dump(mode="json"),
+        "target": redact_target(job.target),
     }
+
+
+def redact_target(target: Target) -> dict[str, Any]:
+    """A job's target as shown: webhook header values (but for public ones) and URL secrets hidden."""
+    shown: dict[str, Any] = target.model_dump(mode="json")
+    if isinstance(target, WebhookTarget):
+        shown["endpoint"] = redact_url(target.endpoint)
+        shown["headers"] = redact_headers(target.headers)
+    return shown
 
 
 def job_summary(job: Job) -> dict[str, Any]:

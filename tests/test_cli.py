@@ -234,3 +234,9 @@ def test_status_and_list_render_a_stored_instant_past_year_9999(run, h: Harness)
     assert "+033658-09-27T01:46:40.000Z" in status.output
     listed = run("list")
     assert listed.exit_code == 0 and "+033658-09-27T01:46:40.000Z" in listed.output
+
+
+def test_a_config_error_never_prints_the_url_password() -> None:
+    result = CliRunner().invoke(cli, ["list", "--store", "mysql://jobq:hunter2@db.internal/jobs"])
+    assert result.exit_code == 2
+    assert "hunter2" not in result.output and "mysql://jobq:***@db.internal/jobs" in result.output

@@ -190,6 +190,20 @@ def test_a_job_stored_with_an_instant_past_year_9999_is_readable(acme: httpx.Cli
     assert acme.get("/v1/jobs").status_code == 200
 
 
+def test_webhook_header_values_are_write_only(acme: httpx.Client) -> None:
+    headers = {"Authorization": "Bearer s3cr3t-t0ken", "X-Api-Key": "k3y", "Content-Type": "application/json"}
+    job_id = acme.post("/v1/jobs", json={**CRON, "target": {**HOOK, "headers": headers}}).json()["job_id"]
+    r = acme.get(f"/v1/jobs/{job_id}")
+    assert r.json()["target"]["headers"] == {
+        "Authorization": "***",
+        "X-Api-Key": "***",
+        "Content-Type": "application/json",
+    }
+    for action in ("pause", "resume", "cancel"):
+        shown = acme.post(f"/v1/jobs/{job_id}:{action}").text
+        assert "s3cr3t" not in shown and "k3y" not in shown
+
+
 def test_an_unknown_action_is_a_json_404_and_a_get_on_an_action_a_405(acme: httpx.Client) -> None:
     job_id = acme.post("/v1/jobs", json=CRON).json()["job_id"]
     assert _error(acme.post(f"/v1/jobs/{job_id}:explode"), 404)["code"] == "not_found"
