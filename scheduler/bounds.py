@@ -1,8 +1,8 @@
 """What jobq accepts at its edge, as types that cannot hold anything else.
 
 Every entry point (the Python API, the CLI, `POST /v1/jobs` and the list queries) parses raw
-input into these types once; nothing downstream checks again, and nothing outside them reaches
-a store:
+input into these types (`JobSpec.parse`, `JobQuery`, `RunQuery`), and nothing outside them
+reaches a store:
 
 - `Text`: a string without NUL (U+0000) or lone surrogates (U+D800..U+DFFF). PostgreSQL refuses
   NUL in text and JSON, and a lone surrogate cannot be encoded as UTF-8, so either would fail
@@ -11,7 +11,7 @@ a store:
 - `Payload`: a JSON value (objects with text keys, arrays, text, finite numbers, booleans,
   null) nested at most `MAX_PAYLOAD_DEPTH` deep; its text obeys `Text`.
 - Non-negative finite durations are plain `Field(ge=0, le=...)` floats in models whose config
-  refuses NaN and infinities (`FINITE`).
+  refuses NaN and infinities (`allow_inf_nan=False`).
 
 `invalid_job` turns pydantic's `ValidationError` into the one error the Python API raises for
 bad input, `InvalidJob`, naming the field.
