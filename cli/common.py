@@ -133,6 +133,6 @@ def load_apps(specs: tuple[str, ...]) -> tuple[App, TaskRegistry]:
 def ms_to_text(ms: int | None) -> str:
     if ms is None:
         return "-"
-    from jobq.schedules import to_iso
+    from jobq.instants import to_iso
 
     return to_iso(ms)

@@ -20,6 +20,7 @@ from jobq.daemons.reaper import Reaper
 from jobq.daemons.scanner import Scanner
 from jobq.daemons.worker import Worker
 from jobq.deployment import Deployment
+from jobq.redaction import redact_url
 from jobq.settings import Settings
 from jobq.wiring import connect
 
@@ -130,7 +131,9 @@ def dev(
     worker = Worker(d, registry, webhook=caller)
     daemons: list[Daemon] = [Beat(d), Scanner(d), worker, Reaper(d)]
     served = dev_api(d) if serve_api else None
-    console.print(f"jobq dev store={settings.store_url} queues={','.join(worker.queues)} slots={worker.concurrency}")
+    console.print(
+        f"jobq dev store={redact_url(settings.store_url)} queues={','.join(worker.queues)} slots={worker.concurrency}"
+    )
     console.print(f"tasks: {', '.join(sorted(registry.names())) or '(none: pass -A MODULE)'}")
     if served is not None:
         server, token = served

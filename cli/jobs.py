@@ -23,12 +23,30 @@ from jobq.cli.common import table as new_table
 from jobq.cli.cron import dry_run_schedule
 from jobq.client import Client
 from jobq.cronpreview import MAX_FIRES
-from jobq.models import JobStatus, Priority, RetryPolicy, ScheduleType, TaskTarget
+from jobq.errors import InvalidQuery
+from jobq.models import JobStatus, Priority, ScheduleType
 from jobq.ports import JobQuery
 from jobq.submission import JobSpec
 from jobq.views import event_resource, iso, job_resource, job_summary, run_resource
 from jobq.wiring import init_store, render_store_definition
 
+# The option that sets each JobSpec field, for error messages.
+_FLAGS = {
+    "tenant_id": "--tenant",
+    "job_id": "--job-id",
+    "job_name": "--name",
+    "cron_expression": "--cron",
+    "timezone": "--tz",
+    "run_at": "--at",
+    "delay_seconds": "--in",
+    "target": "TASK",
+    "target.task": "TASK",
+    "payload": "--args/--kwargs",
+    "retry_policy.max_retries": "--max-retries",
+    "catchup_window_seconds": "--catchup",
+    "jitter_seconds": "--jitter",
+    "timeout_seconds": "--timeout",
+}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -135,10 +153,12 @@ def schedule(
     kind = ScheduleType.CRON if cron else ScheduleType.ONE_OFF if (at or in_) else ScheduleType.IMMEDIATE
     _app, registry = load_apps(apps) if apps else (None, None)
     local = registry.get(task) if registry is not None else None
-    retry = local.retry if local is not None else None
+    # Raw values only: JobSpec.parse validates every one of them, the task's own retry policy
+    # included (a copy of it made with updates would skip that check).
+    retry: dict[str, Any] = local.retry.model_dump() if local is not None and local.retry is not None else {}
     if max_retries is not None:
-        retry = (retry or RetryPolicy()).model_copy(update={"max_retries": max_retries})
-    spec = JobSpec.model_validate(
+        retry["max_retries"] = max_retries
+    spec = JobSpec.parse(
         {
             "tenant_id": tenant_id,
             "job_id": job_id,
@@ -149,12 +169,12 @@ def schedule(
             "run_at": at,
             "delay_seconds": parse_duration(in_) if in_ else None,
             "priority": priority or (local.priority if local else Priority.DEFAULT),
-            "target": TaskTarget(task=task),
+            "target": {"type": "TASK", "task": task},
             "payload": {
                 "args": _json_arg("--args", args_json, list),
                 "kwargs": _json_arg("--kwargs", kwargs_json, dict),
             },
-            "retry_policy": retry or RetryPolicy(),
+            "retry_policy": retry,
             "misfire_policy": misfire,
             "catchup_window_seconds": catchup_s,
             "overlap_policy": overlap,
@@ -162,7 +182,8 @@ def schedule(
             "dst_gap": dst_gap,
             "dst_overlap": dst_overlap,
             "timeout_seconds": timeout_s if timeout_s is not None else (local.timeout_s if local else None),
-        }
+        },
+        names=_FLAGS,
     )
     if dry_run:
         dry_run_schedule(spec, load_settings(options), preview_count, as_json)
@@ -244,14 +265,18 @@ def list_jobs(
     **options: Any,
 ) -> None:
     """List jobs (newest ids last), filtered by status, priority or name prefix."""
-    query = JobQuery(
-        tenant_id=tenant_id,
-        status=JobStatus(status_.upper()) if status_ else None,
-        priority=Priority.parse(priority) if priority else None,
-        name_prefix=name_prefix,
-        cursor=cursor,
-        limit=limit,
-    )
+    try:
+        query = JobQuery(
+            tenant_id=tenant_id,
+            status=JobStatus(status_.upper()) if status_ else None,
+            priority=Priority.parse(priority) if priority else None,
+            name_prefix=name_prefix,
+            cursor=cursor,
+            limit=limit,
+        )
+    except InvalidQuery as exc:
+        flag = {"tenant_id": "--tenant", "name_prefix": "--name-prefix", "cursor": "--cursor"}.get(exc.field or "")
+        fail(f"{flag} {exc.message.removeprefix(exc.field or '').strip()}" if flag else exc.message)
     with deployment(load_settings(options)) as d:
         page = Client(d).list(query)
     if as_json:
@@ -443,4 +468,4 @@ def init(print_format: Literal["cloudformation", "terraform"] | None, **options:
 
 
 def _iso(ms: int | None) -> str:
-    return (iso(ms) or "-") if ms is not None and ms < 2**62 else "-"
+    return iso(ms) or "-"

@@ -31,11 +31,25 @@ from jobq.models import (
     RetryPolicy,
     Run,
     ScheduleType,
-    TaskTarget,
 )
 from jobq.settings import Settings
 from jobq.submission import JobSpec
 from jobq.tasks import TaskDef, TaskRegistry
+
+# The argument of `Task.schedule` that sets each JobSpec field, for error messages.
+_ARGUMENTS = {
+    "job_name": "name",
+    "cron_expression": "cron",
+    "timezone": "tz",
+    "run_at": "at",
+    "delay_seconds": "delay_s",
+    "payload": "args/kwargs",
+    "retry_policy": "retry",
+    "catchup_window_seconds": "catchup_window_s",
+    "jitter_seconds": "jitter_s",
+    "misfire_policy": "misfire",
+    "overlap_policy": "overlap",
+}
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -103,8 +117,9 @@ class Task(Generic[P, R]):
     ) -> JobHandle:
         """Submit a job: `at` an instant, after `delay_s`, on a `cron` in `tz`, or now when none is given.
 
-        Raises `InvalidJob` (bad cron, unknown timezone, missed time, payload not JSON) having
-        written nothing."""
+        Raises `InvalidJob` naming the argument (a bad cron, an unknown timezone, an instant
+        outside 1970..9999 or missed, a negative, NaN or infinite delay, arguments that are not
+        JSON or hold NUL or lone surrogates) having written nothing."""
         given = [x for x in (at, delay_s, cron) if x is not None]
         if len(given) > 1:
             raise InvalidJob("give at most one of at=, delay_s= and cron=")
@@ -114,8 +129,8 @@ class Task(Generic[P, R]):
             kind = ScheduleType.ONE_OFF
         else:
             kind = ScheduleType.IMMEDIATE
-        run_at: int | str | None = at.isoformat() if isinstance(at, datetime) else at
-        spec = JobSpec.model_validate(
+        run_at: Any = at.isoformat() if isinstance(at, datetime) else at
+        spec = JobSpec.parse(
             {
                 "tenant_id": tenant_id,
                 "job_id": job_id,
@@ -125,8 +140,8 @@ class Task(Generic[P, R]):
                 "timezone": tz,
                 "run_at": run_at,
                 "delay_seconds": delay_s,
-                "priority": Priority.parse(priority or self.definition.priority),
-                "target": TaskTarget(task=self.name),
+                "priority": priority or self.definition.priority,
+                "target": {"type": "TASK", "task": self.name},
                 "payload": {"args": list(args), "kwargs": dict(kwargs or {})},
                 "retry_policy": retry or self.definition.retry or RetryPolicy(),
                 "misfire_policy": misfire,
@@ -136,7 +151,8 @@ class Task(Generic[P, R]):
                 "dst_gap": dst_gap,
                 "dst_overlap": dst_overlap,
                 "timeout_seconds": self.definition.timeout_s,
-            }
+            },
+            names=_ARGUMENTS,
         )
         submitted = self.app.client.submit(spec, idempotency_key=idempotency_key)
         return JobHandle(self.app, submitted)

@@ -9,9 +9,11 @@ from __future__ import annotations
 import builtins
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from jobq.bounds import text_problem
 from jobq.clock import Clock
 from jobq.codec import encode, envelope_for
 from jobq.deployment import Deployment
@@ -30,7 +32,16 @@ from jobq.models import (
     Transition,
 )
 from jobq.ports import IndexEntry, JobQuery, Page, RunQuery
-from jobq.submission import JobSpec, Limits, build_job, materialise, new_run, preview, resume_fire
+from jobq.submission import (
+    JobSpec,
+    Limits,
+    build_job,
+    check_idempotency_key,
+    materialise,
+    new_run,
+    preview,
+    resume_fire,
+)
 
 _OPEN = frozenset(RunState) - TERMINAL_STATES
 _SUBMITTER = "submitter"  # the lease owner of a run dispatched at submission
@@ -64,7 +75,7 @@ class Client:
 
     def submit(
         self,
-        spec: JobSpec,
+        spec: JobSpec | Mapping[str, Any],
         *,
         idempotency_key: str | None = None,
         respond: Callable[[Job, builtins.list[int]], str] | None = None,
@@ -73,11 +84,17 @@ class Client:
     ) -> Submitted:
         """Validate and store the job with its first runs (and idempotency key) atomically.
 
-        `respond(job, next_fire_times)` renders the response to keep with the key, so a replay
-        returns it verbatim; `fingerprint` overrides the spec's (the API hashes the request as
-        sent). Raises `InvalidJob` (nothing written), `IdempotencyConflict`, `DuplicateJob`."""
+        `spec` is a `JobSpec` or a mapping of its fields; either is parsed here (`JobSpec.parse`),
+        so a spec built without validation is checked too. A spec that names no tenant is this
+        client's tenant. `respond(job, next_fire_times)` renders the response to keep with the
+        key, so a replay returns it verbatim; `fingerprint` overrides the spec's (the API hashes
+        the request as sent). Raises `InvalidJob` (nothing written), `IdempotencyConflict`,
+        `DuplicateJob`."""
+        spec = JobSpec.parse(spec, tenant_id=self.tenant_id)
         if self.tenant_id is not None and spec.tenant_id != self.tenant_id:
             raise InvalidJob(f"tenant_id {spec.tenant_id!r} is not this token's tenant", field="tenant_id")
+        if idempotency_key is not None:
+            check_idempotency_key(idempotency_key)
         now = self.clock.now_ms()
         job, runs, _missed = build_job(spec, now, self.limits, known_tasks)
         if job.schedule.type is ScheduleType.IMMEDIATE:
@@ -102,16 +119,19 @@ class Client:
             return Submitted(job, True, response, tuple(fires))
         return Submitted(result.job, False, result.response, tuple(preview(result.job, now)))
 
-    def submit_many(self, specs: Sequence[JobSpec], *, known_tasks: set[str] | None = None) -> builtins.list[Job]:
+    def submit_many(
+        self, specs: Sequence[JobSpec | Mapping[str, Any]], *, known_tasks: set[str] | None = None
+    ) -> builtins.list[Job]:
         """Submit many jobs in one store batch (no idempotency keys): the bulk path for backfills
-        and fan-outs. Every spec is validated first, so one bad spec writes nothing (`InvalidJob`
-        naming its index). Returns the jobs created."""
+        and fan-outs. Every spec is parsed and validated first, so one bad spec writes nothing
+        (`InvalidJob` naming its index). Returns the jobs created."""
         now = self.clock.now_ms()
         items: builtins.list[tuple[Job, builtins.list[Run]]] = []
-        for i, spec in enumerate(specs):
-            if self.tenant_id is not None and spec.tenant_id != self.tenant_id:
-                raise InvalidJob(f"specs[{i}]: tenant_id {spec.tenant_id!r} is not this token's tenant")
+        for i, given in enumerate(specs):
             try:
+                spec = JobSpec.parse(given, tenant_id=self.tenant_id)
+                if self.tenant_id is not None and spec.tenant_id != self.tenant_id:
+                    raise InvalidJob(f"tenant_id {spec.tenant_id!r} is not this token's tenant", field="tenant_id")
                 job, runs, _ = build_job(spec, now, self.limits, known_tasks)
             except InvalidJob as exc:
                 raise InvalidJob(f"specs[{i}]: {exc.message}", field=exc.field) from None
@@ -178,6 +198,8 @@ class Client:
     # -- reading --------------------------------------------------------------------------------
 
     def job(self, job_id: str) -> Job:
+        if text_problem(job_id) is not None:
+            raise JobNotFound(job_id)  # no job can have this id, and PostgreSQL cannot look it up
         job = self.store.get_jobs([job_id]).get(job_id)
         if job is None or (self.tenant_id is not None and job.tenant_id != self.tenant_id):
             raise JobNotFound(job_id)
@@ -189,13 +211,16 @@ class Client:
         newest = self.store.list_runs(RunQuery(job_id=job_id, limit=1)).items
         current = _current([*self._open_runs(job_id), *newest])
         now = self.clock.now_ms()
+        # Only an ACTIVE job has a next run time: a paused one starts nothing until it is resumed (the
+        # due time of a run held for it is when the scanner looks at the job again, not a time it runs).
         upcoming: builtins.list[int] = []
-        if job.status is JobStatus.ACTIVE and job.recurring:
-            upcoming = preview(job, now)
-        elif current is not None and not current.state.terminal:
-            upcoming = [current.due_ms]
-        elif job.next_fire_ms is not None and job.status is JobStatus.ACTIVE:
-            upcoming = [job.next_fire_ms]  # a one-off beyond the horizon: its run is not created yet
+        if job.status is JobStatus.ACTIVE:
+            if job.recurring:
+                upcoming = preview(job, now)
+            elif current is not None and not current.state.terminal and not current.held:
+                upcoming = [current.due_ms]
+            elif job.next_fire_ms is not None:
+                upcoming = [job.next_fire_ms]  # a one-off beyond the horizon: its run is not created yet
         return JobView(job, current, counts, tuple(upcoming))
 
     def list(self, query: JobQuery) -> Page[Job]:
@@ -208,6 +233,8 @@ class Client:
         return self.store.list_runs(RunQuery(job_id=job_id, cursor=cursor, limit=limit))
 
     def run(self, run_id: str) -> Run:
+        if text_problem(run_id) is not None:
+            raise RunNotFound(run_id)
         run = self.store.get_runs([run_id]).get(run_id)
         if run is None or (self.tenant_id is not None and run.tenant_id != self.tenant_id):
             raise RunNotFound(run_id)

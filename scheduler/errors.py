@@ -3,7 +3,8 @@
     JobqError
     ├── ConfigError                 a setting or URL is wrong (names the key and the value)
     │   └── MissingExtra            an optional backend's extra is not installed
-    ├── InvalidJob                  a submission is refused; nothing was written
+    ├── InvalidJob                  input is refused (at the edge: nothing was written)
+    │   ├── InvalidQuery            a list filter or cursor holding text no store can hold
     │   ├── ScheduleError
     │   │   ├── InvalidCron
     │   │   ├── UnknownTimezone
@@ -36,6 +37,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from jobq.redaction import redact_text, redact_value
+
 
 class JobqError(Exception):
     """Root of every error jobq raises on purpose."""
@@ -44,10 +47,14 @@ class JobqError(Exception):
 
 
 class ConfigError(JobqError):
+    """`key` and `value` as given, but a secret never: passwords and secret parameters in the value
+    and the reason are redacted (`jobq.redaction`) before they reach the message or `value`."""
+
     def __init__(self, key: str, value: object, reason: str) -> None:
-        super().__init__(f"{key}={value!r}: {reason}")
+        shown = redact_value(key, value)
+        super().__init__(redact_text(f"{key}={shown!r}: {reason}"))
         self.key = key
-        self.value = value
+        self.value = shown
 
 
 class MissingExtra(ConfigError):
@@ -59,12 +66,18 @@ class MissingExtra(ConfigError):
 
 
 class InvalidJob(JobqError):
-    """A submission was refused. `field` names the offending input when there is one."""
+    """Input was refused at the edge (a submission, or a query's text); nothing was written.
+    `field` names the offending input when there is one."""
 
     def __init__(self, message: str, *, field: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.field = field
+
+
+class InvalidQuery(InvalidJob):
+    """A query's text (name prefix, tenant, cursor) holds NUL or a lone surrogate: no stored
+    value can match it, and PostgreSQL refuses to compare it."""
 
 
 class ScheduleError(InvalidJob):

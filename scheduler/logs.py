@@ -1,6 +1,8 @@
 """Structured logs: logfmt for people, JSON for machines; every line about a run names it.
 
 Call sites pass `extra=run_fields(run)`; the formatters render those fields after the message.
+Both formats pass the whole line (message, fields and traceback) through `redact_text`, so a
+connection URL's password or a secret parameter never reaches a log.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import sys
 from typing import Any
 
 from jobq.models import Run
+from jobq.redaction import redact_text
 
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
 
@@ -35,7 +38,7 @@ class LogfmtFormatter(logging.Formatter):
         line = " ".join(parts)
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)
-        return line
+        return redact_text(line)
 
 
 class JsonFormatter(logging.Formatter):
@@ -49,7 +52,7 @@ class JsonFormatter(logging.Formatter):
         }
         if record.exc_info:
             doc["exc"] = self.formatException(record.exc_info)
-        return json.dumps(doc, default=str)
+        return redact_text(json.dumps(doc, default=str))
 
 
 def _quote(value: object) -> str:

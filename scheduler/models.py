@@ -139,10 +139,16 @@ class _Record(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=False, use_enum_values=False)
 
 
+# The parts of a job a user hands over as objects (`retry=RetryPolicy(...)`, targets): validated
+# again whenever one is placed in another model, because an instance made by
+# `model_copy(update=...)` or `model_construct` was never checked; and never NaN or infinite.
+_USER_PART = ConfigDict(extra="forbid", allow_inf_nan=False, revalidate_instances="always")
+
+
 class RetryPolicy(_Record):
     """Full-jitter exponential backoff: attempt n waits uniform(0, min(max, initial * mult^(n-1)))."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(**_USER_PART, frozen=True)
 
     max_retries: int = Field(default=3, ge=0, le=1000)
     initial_interval_sec: float = Field(default=1.0, ge=0, le=86_400)
@@ -157,15 +163,20 @@ class RetryPolicy(_Record):
 
 
 class TaskTarget(_Record):
+    model_config = _USER_PART
+
     type: Literal["TASK"] = "TASK"
     task: str = Field(min_length=1, max_length=200)
 
 
 class WebhookTarget(_Record):
+    model_config = _USER_PART
+
     type: Literal["HTTP_WEBHOOK"] = "HTTP_WEBHOOK"
     endpoint: str = Field(min_length=1, max_length=2048)
     method: Literal["GET", "POST", "PUT", "PATCH", "DELETE"] = "POST"
-    headers: dict[str, str] = Field(default_factory=dict)
+    # Values are often credentials (Authorization): kept out of reprs; `jobq.redaction` hides them in views.
+    headers: dict[str, str] = Field(default_factory=dict, repr=False)
     timeout_seconds: float = Field(default=30.0, gt=0, le=900)
 
 
@@ -248,6 +259,12 @@ class Run(_Record):
     dispatched_ms: int | None = None
     started_ms: int | None = None
     finished_ms: int | None = None
+
+    @property
+    def held(self) -> bool:
+        """Held back because its job is paused: its due time is when the scanner looks at the job
+        again (`PAUSED_RECHECK_MS`), not a time it will run."""
+        return self.blocked_by == PAUSED
 
     @staticmethod
     def make_id(job_id: str, nominal_ms: int) -> str:

@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar, runtime_checkable
 
+from jobq.bounds import text_problem
+from jobq.errors import InvalidQuery
 from jobq.models import (
     ApiToken,
     IdempotencyRecord,
@@ -32,8 +34,18 @@ class Page(Generic[T]):
     next_cursor: str | None = None
 
 
+def _check_texts(**texts: str | None) -> None:
+    """Refuse text no store can compare (NUL, lone surrogates) before a query is built from it."""
+    for name, value in texts.items():
+        problem = None if value is None else text_problem(value)
+        if problem is not None:
+            raise InvalidQuery(f"{name} {problem}", field=name)
+
+
 @dataclass(frozen=True, slots=True)
 class JobQuery:
+    """Raises `InvalidQuery` for text that cannot be stored (`jobq.bounds.text_problem`)."""
+
     tenant_id: str | None = None
     status: JobStatus | None = None
     priority: Priority | None = None
@@ -41,15 +53,23 @@ class JobQuery:
     cursor: str | None = None  # opaque, from a previous Page
     limit: int = 100
 
+    def __post_init__(self) -> None:
+        _check_texts(tenant_id=self.tenant_id, name_prefix=self.name_prefix, cursor=self.cursor)
+
 
 @dataclass(frozen=True, slots=True)
 class RunQuery:
+    """Raises `InvalidQuery` for text that cannot be stored (`jobq.bounds.text_problem`)."""
+
     job_id: str | None = None
     tenant_id: str | None = None
     states: frozenset[RunState] = field(default_factory=frozenset)
     dead_letter: bool | None = None
     cursor: str | None = None
     limit: int = 100
+
+    def __post_init__(self) -> None:
+        _check_texts(job_id=self.job_id, tenant_id=self.tenant_id, cursor=self.cursor)
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,6 +29,7 @@ from croniter.croniter import CroniterBadDateError
 
 from jobq.crondialect import ALIASES, DIALECTS, CronExpr, parse_cron
 from jobq.errors import InvalidCron, UnknownTimezone
+from jobq.instants import to_iso as _format_instant
 from jobq.models import DstGap, DstOverlap, Job, MisfirePolicy, Schedule, ScheduleType
 
 __all__ = [  # the dialect's names are re-exported: callers know schedules, not the dialect module
@@ -357,6 +358,5 @@ def plan_fires(
 
 
 def to_iso(ms: int) -> str:
-    """`2026-10-01T06:00:00.000Z`."""
-    moment = datetime.fromtimestamp(ms / 1000, UTC)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
+    """`2026-10-01T06:00:00.000Z`; total, as `jobq.instants.to_iso` (instants past year 9999 included)."""
+    return _format_instant(ms)

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import os
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from jobq.errors import ConfigError
+from jobq.redaction import redact_url
 
 # Short names accepted in files and variables for the four backend URLs.
 _ALIASES = {"store": "store_url", "index": "index_url", "broker": "broker_url", "history": "history_url"}
@@ -67,6 +68,11 @@ class Settings(BaseModel):
     metrics_port: int | None = None
     log_level: str = "INFO"
     log_format: str = Field(default="text", pattern="^(text|json)$")
+
+    def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
+        """`repr(settings)` (and `str`) shows URLs without their passwords or secret parameters."""
+        for name, value in super().__repr_args__():
+            yield name, redact_url(value) if isinstance(value, str) and "://" in value else value
 
     @property
     def index(self) -> str:

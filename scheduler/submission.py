@@ -1,22 +1,33 @@
 """Turning a submission into a job and its first runs, and materialising later runs.
 
-`JobSpec` is the one input shape shared by the Python API, the CLI and `POST /v1/jobs`.
-Everything is validated before anything is written: a bad cron, an unknown timezone, a missed
-one-off, an oversized payload or an unknown task raises `InvalidJob` and writes nothing.
+`JobSpec` is the one input shape shared by the Python API, the CLI and `POST /v1/jobs`, and
+`JobSpec.parse` the one way raw input becomes one: its fields are the bounded types of
+`jobq.bounds` (text without NUL or lone surrogates, instants within 1970..9999, JSON payloads,
+finite non-negative durations, retry values in range), and every refusal is an `InvalidJob`
+naming the field. `Client.submit` parses whatever it is given again (a spec changed with
+`model_copy(update=...)` or built with `model_construct` skipped validation), so nothing
+invalid reaches a store. Then `build_job` applies the rules that need more than one field or
+the clock (a bad cron, an unknown timezone, a missed one-off, an oversized payload, an unknown
+task), also as `InvalidJob`, before anything is written.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_core import PydanticCustomError
 
+from jobq.bounds import Instant, Payload, check_instant, check_text, invalid_job, text_problem
 from jobq.errors import InvalidCron, InvalidJob, MissedWindow, PayloadTooLarge, ScheduleError, UnknownTask
 from jobq.ids import new_job_id
+from jobq.instants import describe_range, in_range
 from jobq.models import (
     DstGap,
     DstOverlap,
@@ -37,25 +48,35 @@ from jobq.schedules import cron_for, jitter_ms, next_fire, parse_cron, plan_fire
 from jobq.settings import Settings
 
 JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$"
+IDEMPOTENCY_KEY_PATTERN = r"^[\x21-\x7e]{1,255}$"  # visible ASCII: it travels in an HTTP header
+_IDEMPOTENCY_KEY = re.compile(IDEMPOTENCY_KEY_PATTERN)
+_RUN_AT_TEXT_CHARS = 64
+
+# Text fields: the length is checked first (so the message names it), then NUL and lone surrogates.
+Name = Annotated[str, Field(min_length=1, max_length=200), AfterValidator(check_text)]
+CronText = Annotated[str, Field(max_length=200), AfterValidator(check_text)]
+Dialect = Annotated[str, Field(max_length=32), AfterValidator(check_text)]
+ZoneName = Annotated[str, Field(max_length=64), AfterValidator(check_text)]
 
 
 class JobSpec(BaseModel):
-    """A job as submitted. Field names follow the HTTP API."""
+    """A job as submitted. Field names follow the HTTP API. Build one with `JobSpec.parse`."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     tenant_id: str = Field(default="default", min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.\-]+$")
     job_id: str | None = Field(default=None, pattern=JOB_ID_PATTERN)
-    job_name: str | None = Field(default=None, min_length=1, max_length=200)
+    job_name: Name | None = None
     schedule_type: ScheduleType
-    cron_expression: str | None = Field(default=None, max_length=200)
-    cron_dialect: str = "unix"
-    timezone: str = Field(default="UTC", max_length=64)
-    run_at: int | str | None = None  # epoch ms or ISO 8601 (naive ISO is read in `timezone`)
+    cron_expression: CronText | None = None
+    cron_dialect: Dialect = "unix"
+    timezone: ZoneName = "UTC"
+    # epoch ms or ISO 8601 (naive ISO is read in `timezone`); digits in a string are epoch ms
+    run_at: Instant | Annotated[str, Field(min_length=1, max_length=_RUN_AT_TEXT_CHARS)] | None = None
     delay_seconds: float | None = Field(default=None, ge=0, le=366 * 86_400)
     priority: Priority = Priority.DEFAULT
     target: Target
-    payload: Any = None
+    payload: Payload = None
     retry_policy: RetryPolicy = Field(default_factory=RetryPolicy)
     misfire_policy: MisfirePolicy = MisfirePolicy.FIRE_ONCE_NOW
     catchup_window_seconds: int = Field(default=86_400, ge=0, le=366 * 86_400)
@@ -65,15 +86,85 @@ class JobSpec(BaseModel):
     dst_overlap: DstOverlap = DstOverlap.ONCE
     timeout_seconds: float | None = Field(default=None, gt=0, le=7 * 86_400)
 
+    @classmethod
+    def parse(
+        cls,
+        raw: Mapping[str, Any] | JobSpec,
+        *,
+        tenant_id: str | None = None,
+        names: Mapping[str, str] | None = None,
+    ) -> JobSpec:
+        """A validated spec from a mapping of fields, or from a spec (validated again: one changed
+        with `model_copy(update=...)` or made by `model_construct` was never checked).
+
+        `tenant_id` is used when the input names no tenant. `names` renames fields in the error
+        message (`{"delay_seconds": "delay_s"}`). Raises `InvalidJob` naming the field."""
+        fields = {name: getattr(raw, name) for name in raw.model_fields_set} if isinstance(raw, JobSpec) else dict(raw)
+        if tenant_id is not None and fields.get("tenant_id") is None:
+            fields["tenant_id"] = tenant_id
+        try:
+            return cls.model_validate(fields)
+        except ValidationError as exc:
+            raise invalid_job(exc, names) from None
+
     @field_validator("priority", mode="before")
     @classmethod
     def _priority(cls, value: Any) -> Any:
         return value.upper() if isinstance(value, str) else value
 
+    @field_validator("run_at", mode="before")
+    @classmethod
+    def _run_at(cls, value: Any) -> Any:
+        """One clear message per kind of bad value (the union would report one per member)."""
+        if isinstance(value, bool):
+            raise PydanticCustomError("run_at", "run_at is epoch milliseconds or ISO 8601 text, not a boolean")
+        if isinstance(value, str):
+            check_text(value)
+            if len(value) > _RUN_AT_TEXT_CHARS:
+                raise PydanticCustomError(
+                    "run_at", "ISO 8601 text is at most {n} characters", {"n": _RUN_AT_TEXT_CHARS}
+                )
+            digits = value.strip()
+            if digits.isascii() and digits.isdigit():
+                value = int(digits)
+        return check_instant(value) if isinstance(value, int) else value
+
+    @field_validator("target")
+    @classmethod
+    def _target_text(cls, target: TaskTarget | Any) -> Any:
+        if isinstance(target, TaskTarget):
+            _texts({"task": target.task})
+        else:
+            _texts({"endpoint": target.endpoint})
+            for name, value in target.headers.items():
+                _texts({"a header name": name, f"the value of header {name!r}": value})
+        return target
+
+    @field_validator("retry_policy")
+    @classmethod
+    def _retry_text(cls, policy: RetryPolicy) -> RetryPolicy:
+        for name in policy.non_retryable_errors:
+            _texts({"non_retryable_errors": name})
+        return policy
+
     def fingerprint(self) -> str:
         """A hash of the request: the same Idempotency-Key with another body is a conflict."""
         body = self.model_dump(mode="json", exclude_none=True)
         return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def _texts(values: Mapping[str, str]) -> None:
+    for where, value in values.items():
+        problem = text_problem(value)
+        if problem is not None:
+            raise PydanticCustomError("unstorable_text", "{where} {problem}", {"where": where, "problem": problem})
+
+
+def check_idempotency_key(key: str) -> str:
+    """The key, or `InvalidJob`: at most 255 visible ASCII characters, as its HTTP header allows."""
+    if not _IDEMPOTENCY_KEY.match(key):
+        raise InvalidJob("an Idempotency-Key is 1 to 255 visible ASCII characters", field="idempotency_key")
+    return key
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,14 +186,13 @@ def parse_instant(value: int | str, timezone: str, *, field: str = "run_at") -> 
     """Epoch milliseconds from epoch ms or ISO 8601; a naive time is wall-clock in `timezone`.
 
     A wall time that does not exist (spring-forward gap) is refused; a repeated one (fall-back)
-    means its first occurrence. Errors name `field`."""
+    means its first occurrence. An instant outside 1970..9999 (`jobq.instants`) is refused.
+    Errors name `field`."""
     if isinstance(value, int):
-        if value < 0:
-            raise ScheduleError(f"{field} {value} is before 1970", field=field)
-        return value
+        return _in_range(value, value, field)
     text = value.strip()
-    if text.isdigit():
-        return int(text)
+    if text.isascii() and text.isdigit():
+        return _in_range(int(text), value, field)
     try:
         moment = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
     except ValueError:
@@ -110,13 +200,23 @@ def parse_instant(value: int | str, timezone: str, *, field: str = "run_at") -> 
             f"{field} {value!r} is neither epoch milliseconds nor ISO 8601 (e.g. 2026-12-01T09:00:00Z)",
             field=field,
         ) from None
-    if moment.tzinfo is None:
-        tz = zone(timezone)
-        local = moment.replace(tzinfo=tz, fold=0)
-        if local.astimezone(UTC).astimezone(tz).replace(tzinfo=None) != moment:
-            raise ScheduleError(f"{field} {value!r} does not exist in {timezone} (a DST gap)", field=field)
-        moment = local
-    return round(moment.timestamp() * 1000)
+    try:
+        if moment.tzinfo is None:
+            tz = zone(timezone)
+            local = moment.replace(tzinfo=tz, fold=0)
+            if local.astimezone(UTC).astimezone(tz).replace(tzinfo=None) != moment:
+                raise ScheduleError(f"{field} {value!r} does not exist in {timezone} (a DST gap)", field=field)
+            moment = local
+        ms = round(moment.timestamp() * 1000)
+    except OverflowError:  # a wall time at the very edge of year 1 or 9999, moved out by its offset
+        raise ScheduleError(f"{field} {value!r} is outside {describe_range()}", field=field) from None
+    return _in_range(ms, value, field)
+
+
+def _in_range(ms: int, given: int | str, field: str) -> int:
+    if not in_range(ms):
+        raise ScheduleError(f"{field} {given!r} is outside the instants jobq accepts ({describe_range()})", field=field)
+    return ms
 
 
 def validate_payload(spec: JobSpec, limits: Limits) -> None:

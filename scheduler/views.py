@@ -1,12 +1,18 @@
-"""The external shape of jobs and runs: one rendering for `--json` output and the HTTP API."""
+"""The external shape of jobs and runs: one rendering for `--json` output and the HTTP API.
+
+Rendering never fails on anything a store can hold: instants are formatted by the total
+`jobq.instants.to_iso`, a run held for its paused job has no due time, and secrets are write-only
+(webhook header values are shown redacted, `redact_target`).
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 from jobq.client import JobView
-from jobq.models import Job, Run, RunEvent, TaskTarget
-from jobq.schedules import to_iso
+from jobq.instants import to_iso
+from jobq.models import Job, JobStatus, Run, RunEvent, RunState, Target, TaskTarget, WebhookTarget
+from jobq.redaction import redact_headers, redact_url
 
 
 def iso(ms: int | None) -> str | None:
@@ -22,7 +28,7 @@ def run_resource(run: Run) -> dict[str, Any]:
         "fencing_token": run.fence,
         "priority": run.priority.value,
         "nominal_time_iso": iso(run.nominal_ms),
-        "due_time_iso": iso(run.due_ms) if run.due_ms < 2**62 else None,
+        "due_time_iso": None if run.held else iso(run.due_ms),
         "lease_worker_id": run.lease_owner,
         "lease_expires_at": iso(run.lease_expires_ms),
         "last_heartbeat_at": iso(run.last_heartbeat_ms),
@@ -38,9 +44,11 @@ def run_resource(run: Run) -> dict[str, Any]:
 def job_resource(view: JobView) -> dict[str, Any]:
     job, run = view.job, view.current_run
     upcoming = list(view.next_fire_times)
+    paused = job.status is JobStatus.PAUSED and (run is None or run.state is RunState.SCHEDULED)
     return {
         **job_summary(job),
-        "status": run.state.value if run is not None else job.status.value,
+        # A paused job's waiting run is SCHEDULED in the store; what the user needs to see is why it waits.
+        "status": JobStatus.PAUSED.value if paused else run.state.value if run is not None else job.status.value,
         "last_heartbeat_at": iso(run.last_heartbeat_ms) if run else None,
         "current_lease_worker_id": run.lease_owner if run else None,
         "current_attempt": run.attempt if run else None,
@@ -56,8 +64,17 @@ def job_resource(view: JobView) -> dict[str, Any]:
         "catchup_window_seconds": job.catchup_window_s,
         "overlap_policy": job.overlap_policy.value,
         "jitter_seconds": job.jitter_s,
-        "target": job.target.model_dump(mode="json"),
+        "target": redact_target(job.target),
     }
+
+
+def redact_target(target: Target) -> dict[str, Any]:
+    """A job's target as shown: webhook header values (but for public ones) and URL secrets hidden."""
+    shown: dict[str, Any] = target.model_dump(mode="json")
+    if isinstance(target, WebhookTarget):
+        shown["endpoint"] = redact_url(target.endpoint)
+        shown["headers"] = redact_headers(target.headers)
+    return shown
 
 
 def job_summary(job: Job) -> dict[str, Any]:

@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
+from factories import make_job
 from harness import Harness
 
 from jobq.cli.main import cli
 from jobq.clock import SYSTEM_CLOCK, ManualClock
-from jobq.models import RunState
+from jobq.models import RunState, Schedule, ScheduleType
 from jobq.ports import JobQuery
 
 
@@ -89,7 +90,7 @@ def test_schedule_json_is_the_job_resource(run, h: Harness) -> None:  # type: ig
         (["t.echo", "--args", "[1,"], "--args is not valid JSON"),
         (["t.echo", "--kwargs", "[1]"], "--kwargs must be a JSON object"),
         (["t.echo", "--cron", "* * * * *", "--in", "5m"], "only one of"),
-        (["t.echo", "--job-id", "has spaces"], "job_id"),
+        (["t.echo", "--job-id", "has spaces"], "--job-id"),
     ],
 )
 def test_bad_input_is_one_clear_line_exit_code_2_and_writes_nothing(run, h: Harness, args, message) -> None:  # type: ignore[no-untyped-def]
@@ -210,3 +211,32 @@ def test_text_with_brackets_prints_as_it_is(run, h: Harness) -> None:  # type: i
     cycle(h)
     shown = run("status", job_id)
     assert "[bold]not markup[/]" in shown.output
+
+
+def test_a_paused_cron_job_shows_paused_with_no_next_run_time(run, h: Harness) -> None:  # type: ignore[no-untyped-def]
+    run("schedule", "t.echo", "--cron", "* * * * * *", "--job-id", "every-second")  # runs exist within the horizon
+    assert run("pause", "every-second").exit_code == 0
+    human = run("status", "every-second")
+    assert human.exit_code == 0, human.output
+    assert "PAUSED" in human.output and "next_run_time" not in human.output
+    doc = json.loads(run("status", "every-second", "--json").output)
+    assert (doc["job_status"], doc["status"]) == ("PAUSED", "PAUSED")
+    assert (doc["next_run_time_epoch_ms"], doc["next_run_time_iso"], doc["next_fire_times"]) == (None, None, [])
+
+
+def test_status_and_list_render_a_stored_instant_past_year_9999(run, h: Harness) -> None:  # type: ignore[no-untyped-def]
+    # A row written before instants were bounded at the edge (or by hand): it must still display.
+    year_33658 = 10**15
+    old = make_job("from-an-older-version", schedule=Schedule(type=ScheduleType.ONE_OFF, at_ms=year_33658))
+    h.d.store.create_job(old.model_copy(update={"next_fire_ms": year_33658}), [])
+    status = run("status", "from-an-older-version")
+    assert status.exit_code == 0, status.output
+    assert "+033658-09-27T01:46:40.000Z" in status.output
+    listed = run("list")
+    assert listed.exit_code == 0 and "+033658-09-27T01:46:40.000Z" in listed.output
+
+
+def test_a_config_error_never_prints_the_url_password() -> None:
+    result = CliRunner().invoke(cli, ["list", "--store", "mysql://jobq:hunter2@db.internal/jobs"])
+    assert result.exit_code == 2
+    assert "hunter2" not in result.output and "mysql://jobq:***@db.internal/jobs" in result.output

@@ -182,7 +182,10 @@ def test_the_preview_document_refuses_h_without_a_job_id_and_a_bad_after() -> No
         preview_document(PreviewSpec(cron_expression="0 * * * *", after="soon"), 0)
     assert caught.value.field == "after"
     with pytest.raises(ScheduleError, match="beyond the year 9000"):
+        preview_document(PreviewSpec(cron_expression="0 * * * *", after="9500-01-01T00:00:00Z"), 0)
+    with pytest.raises(ScheduleError, match="outside the instants jobq accepts") as caught:  # past 9999: the edge bound
         preview_document(PreviewSpec(cron_expression="0 * * * *", after=10**15), 0)
+    assert caught.value.field == "after"
 
 
 def test_a_naive_after_is_read_in_the_preview_timezone() -> None:

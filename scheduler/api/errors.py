@@ -4,6 +4,7 @@ jobq's exceptions are translated here, at the edge, into a status and a stable `
 
     422 validation_error, invalid_json    the request does not match the schema (pydantic)
     400 invalid_job, invalid_cron, ...    a well-formed job that jobq refuses (InvalidJob)
+    400 invalid_query                     a list filter or cursor with text no store can hold
     400 endpoint_refused                  a webhook endpoint the network policy refuses
     413 payload_too_large, body_too_large
     404 job_not_found, run_not_found, not_found
@@ -32,6 +33,7 @@ from jobq.errors import (
     IdempotencyConflict,
     InvalidCron,
     InvalidJob,
+    InvalidQuery,
     JobNotFound,
     JobqError,
     MissedWindow,
@@ -70,6 +72,7 @@ _JOBQ_ERRORS: tuple[tuple[type[JobqError], int, str], ...] = (
     (MissedWindow, 400, "missed_window"),
     (ScheduleError, 400, "invalid_schedule"),
     (UnknownTask, 400, "unknown_task"),
+    (InvalidQuery, 400, "invalid_query"),
     (InvalidJob, 400, "invalid_job"),
     (JobNotFound, 404, "job_not_found"),
     (RunNotFound, 404, "run_not_found"),

