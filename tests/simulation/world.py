@@ -286,11 +286,12 @@ class World:
             if key in self.outcomes:
                 self.violate(f"a second outcome for one attempt: {where} after {self.outcomes[key]}")
             self.outcomes[key] = (actor, new.state, t.expect_owner if t is not None else None)
-        if new.state is RunState.RUNNING and old.state is not RunState.RUNNING:
-            if new.job_id in self.cancel_returned:
-                self.violate(f"a run started after cancel returned (step {self.cancel_returned[new.job_id]}): {where}")
-            if new.job_id in self.pause_returned:
-                self.violate(f"a run started after pause returned (step {self.pause_returned[new.job_id]}): {where}")
+        went_on = new.state is not old.state and new.state in (RunState.RUNNING, RunState.SUCCEEDED, RunState.FAILED)
+        if went_on and new.job_id in self.cancel_returned:  # from then on, its runs only ever end CANCELLED
+            self.violate(f"a run went on after cancel returned (step {self.cancel_returned[new.job_id]}): {where}")
+        started = new.state is RunState.RUNNING and old.state is not RunState.RUNNING
+        if started and new.job_id in self.pause_returned:
+            self.violate(f"a run started after pause returned (step {self.pause_returned[new.job_id]}): {where}")
 
     def executed(self, attempt: Attempt, outcome: Outcome) -> None:
         run = attempt.run
