@@ -316,7 +316,7 @@ def new_run(job: Job, nominal_ms: int, now_ms: int, limits: Limits, prev_run_id:
     skip_late = job.recurring and job.misfire_policy is MisfirePolicy.SKIP
     window_ms = limits.misfire_threshold_ms if skip_late else job.catchup_window_s * 1000
     return Run(
-        run_id=Run.make_id(job.job_id, nominal_ms),
+        run_id=Run.make_id(job.key, nominal_ms),
         job_id=job.job_id,
         tenant_id=job.tenant_id,
         nominal_ms=nominal_ms,
