@@ -19,13 +19,24 @@ never rewritten as a whole (`update_job` refuses one) and never materialised or 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import logging
+from collections.abc import Iterable, Mapping
 from functools import cache
 from typing import Annotated, Any, TypeVar
 
 from pydantic import TypeAdapter, ValidationError
 
-from jobq.models import PRIORITIES_BY_RANK, Job, Priority, Run, RunState, Schedule, ScheduleType, TaskTarget
+from jobq.models import (
+    PRIORITIES_BY_RANK,
+    Job,
+    Priority,
+    Run,
+    RunEvent,
+    RunState,
+    Schedule,
+    ScheduleType,
+    TaskTarget,
+)
 
 M = TypeVar("M", Job, Run)
 
@@ -85,6 +96,24 @@ def corrupt_run(fields: Mapping[str, Any], error: Exception) -> Run:
         except ValidationError as found:
             error = found
     return _marker(Run, {}, fields, describe(error))
+
+
+def decode_events(rows: Iterable[Any], where: str) -> list[RunEvent]:
+    """The history events in `rows` (mappings of column to value); one that does not decode is
+    skipped and logged (history is a record of what happened: one bad line must not hide the
+    others)."""
+    events: list[RunEvent] = []
+    skipped: list[str] = []
+    for row in rows:
+        try:
+            events.append(RunEvent.model_validate(dict(row)))
+        except DECODE_ERRORS as exc:
+            skipped.append(describe(exc))
+    if skipped:
+        logging.getLogger("jobq.history").warning(
+            "%s: %d events that do not decode skipped (first: %s)", where, len(skipped), skipped[0]
+        )
+    return events
 
 
 def priority_of(value: Any) -> Priority | Any:

@@ -11,6 +11,7 @@ from jobq.errors import StoreError
 from jobq.metrics import METRICS
 from jobq.models import JobKey, RunEvent
 from jobq.postgresdb import PostgresDatabase
+from jobq.records import decode_events
 
 if TYPE_CHECKING:
     from jobq.postgresdb import Connection
@@ -65,7 +66,7 @@ class PostgresHistory:
 
     def read(self, job: JobKey, limit: int = 1000) -> list[RunEvent]:
         """The job's events, oldest first. Raises `StoreUnavailable` when the database is."""
-        return [RunEvent.model_validate(r) for r in self.db.read(_READ, [job.tenant_id, job.job_id, limit])]
+        return decode_events(self.db.read(_READ, [job.tenant_id, job.job_id, limit]), f"history of {str(job)!r}")
 
     def flush(self) -> None:
         pass  # nothing is buffered here

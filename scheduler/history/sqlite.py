@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from jobq.errors import StoreError
 from jobq.metrics import METRICS
 from jobq.models import JobKey, RunEvent
+from jobq.records import decode_events
 from jobq.sqlitedb import SqliteDatabase
 
 log = logging.getLogger("jobq.history")
@@ -58,7 +59,7 @@ class SqliteHistory:
             f"SELECT {', '.join(_COLUMNS)} FROM jobq_run_events WHERE tenant_id = ? AND job_id = ? ORDER BY id LIMIT ?",
             (job.tenant_id, job.job_id, limit),
         )
-        return [RunEvent.model_validate(dict(r)) for r in rows]
+        return decode_events(rows, f"history of {str(job)!r}")
 
     def flush(self) -> None:
         pass

@@ -19,6 +19,7 @@ from jobq.daemons.worker import Worker
 from jobq.deployment import Deployment
 from jobq.models import Schedule, ScheduleType
 from jobq.netpolicy import NetPolicy
+from jobq.store.sqlite import SqliteStore
 from jobq.tasks import TaskRegistry
 from jobq.webhooks import HttpWebhookCaller
 
@@ -148,6 +149,25 @@ def test_a_job_shows_its_current_run_lease_fence_and_counts(acme: httpx.Client, 
     assert body["current_run"]["run_id"] == run.run_id
     assert body["run_counts"] == {"CLAIMED": 1}
     assert body["next_run_time_iso"] is not None and "last_heartbeat_at" in body
+
+
+def test_a_job_whose_record_does_not_decode_is_shown_listed_and_cancelled(
+    acme: httpx.Client, deployment: Deployment
+) -> None:
+    job_id = acme.post("/v1/jobs", json={**CRON, "job_id": "poison"}).json()["job_id"]
+    store = deployment.store
+    assert isinstance(store, SqliteStore)
+    with store.db.write() as conn:  # as an older version, a hand edit or a bug could leave it
+        conn.execute("UPDATE jobq_jobs SET doc = json_set(doc, '$.retry.max_retries', -1) WHERE job_id = ?", (job_id,))
+    shown = acme.get(f"/v1/jobs/{job_id}")
+    assert shown.status_code == 200, shown.text
+    body = shown.json()
+    assert body["corrupt"].startswith("retry.max_retries:") and body["job_name"] == CRON["job_name"]
+    assert [(j["job_id"], j["corrupt"] is not None) for j in acme.get("/v1/jobs").json()["items"]] == [("poison", True)]
+    assert _error(acme.post(f"/v1/jobs/{job_id}:pause"), 409)["code"] == "conflict"
+    cancelled = acme.post(f"/v1/jobs/{job_id}:cancel")
+    assert cancelled.status_code == 200, cancelled.text
+    assert (cancelled.json()["job_status"], cancelled.json()["corrupt"] is not None) == ("CANCELLED", True)
 
 
 def test_listing_filters_by_status_priority_and_name_prefix_and_pages(acme: httpx.Client) -> None:

@@ -160,3 +160,15 @@ def test_flush_makes_buffered_events_readable(sink: HistorySink) -> None:
 def test_recording_nothing_is_a_no_op(sink: HistorySink) -> None:
     sink.record([])
     assert sink.read(key("job_1")) == []
+
+
+def test_an_event_row_that_does_not_decode_is_skipped_and_the_others_are_read(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    sink = SqliteHistory(SqliteDatabase(tmp_path / "history.db"))
+    sink.record([_event("job_1", 1), _event("job_1", 2)])
+    with sink.db.write() as conn:  # a row no version of jobq would write
+        conn.execute("UPDATE jobq_run_events SET attempt = 'first' WHERE attempt = 1")
+    assert [e.attempt for e in sink.read(key("job_1"))] == [2]
+    assert "1 events that do not decode skipped" in caplog.text
+    sink.close()
