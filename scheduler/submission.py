@@ -379,7 +379,7 @@ def preview(job: Job, now_ms: int, n: int = 5) -> list[int]:
     """The next `n` nominal fire times from now (for create/update responses and `status`).
 
     A job stored before the cron dialect refused its syntax (`R`, `?`, a wrap-around range) has
-    none: it does not fire (beat logs it), and it can still be shown and cancelled."""
+    none: it does not fire (beat quarantines it), and it can still be shown and cancelled."""
     if job.recurring:
         try:
             return cron_for(job.schedule).fire_times(now_ms, n)

@@ -22,11 +22,11 @@ import logging
 from collections.abc import Sequence
 
 from jobq.daemons.base import event
+from jobq.deployment import Deployment
 from jobq.logs import run_fields
 from jobq.metrics import METRICS
 from jobq.models import TERMINAL_STATES, Job, JobStatus, Run, RunState, Transition
 from jobq.ports import RunQuery
-from jobq.wiring import Deployment
 
 CORRUPT = "Corrupt: "  # how a dead-lettered run's last_error starts
 _OPEN = frozenset(RunState) - TERMINAL_STATES

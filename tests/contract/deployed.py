@@ -9,12 +9,12 @@ import pytest
 from factories import T0
 
 from jobq.clock import ManualClock
+from jobq.deployment import Deployment
 from jobq.history.memory import MemoryHistory
 from jobq.ports import JobStore
 from jobq.settings import Settings
 from jobq.timeindex.memory import MemoryTimeIndex
 from jobq.transport.memory import MemoryTransport
-from jobq.wiring import Deployment
 
 
 @pytest.fixture

@@ -17,13 +17,13 @@ from jobq.client import Client
 from jobq.daemons.beat import Beat
 from jobq.daemons.reaper import Reaper
 from jobq.daemons.scanner import Scanner
+from jobq.deployment import Deployment
 from jobq.errors import Conflict
 from jobq.metrics import METRICS
 from jobq.models import JobStatus, Run, RunState, Schedule, ScheduleType, TaskTarget
 from jobq.ports import IndexEntry, JobQuery, RunQuery
 from jobq.submission import JobSpec
 from jobq.views import job_resource, job_summary
-from jobq.wiring import Deployment
 
 from .deployed import deployed  # noqa: F401 - a deployment over the store under test
 from .poison import write_poison_job, write_poison_run

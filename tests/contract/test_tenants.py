@@ -7,11 +7,11 @@ from factories import T0
 
 from jobq.client import Client
 from jobq.daemons.base import event
+from jobq.deployment import Deployment
 from jobq.errors import Conflict, DuplicateJob, IdempotencyConflict, JobNotFound
 from jobq.models import ApiToken, JobKey, JobStatus, RunState, TaskTarget
 from jobq.ports import JobQuery, TenantStore
 from jobq.submission import JobSpec
-from jobq.wiring import Deployment
 
 from .deployed import deployed  # noqa: F401 - a deployment over the store under test
 from .test_store import store  # noqa: F401 - the parametrised fixture over every backend
