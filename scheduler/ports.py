@@ -70,8 +70,8 @@ class RunQuery:
     limit: int = 100
 
     def __post_init__(self) -> None:
-        job_id, job_tenant = (None, None) if self.job is None else (self.job.job_id, self.job.tenant_id)
-        _check_texts(job_id=job_id, tenant_id=self.tenant_id or job_tenant, cursor=self.cursor)
+        job = self.job or (None, None)
+        _check_texts(job_tenant_id=job[0], job_id=job[1], tenant_id=self.tenant_id, cursor=self.cursor)
 
 
 @dataclass(frozen=True, slots=True)
