@@ -70,6 +70,8 @@ class Quarantine:
                     reason,
                     extra={"job_id": job.job_id, "tenant_id": job.tenant_id},
                 )
+            elif job.status is not JobStatus.QUARANTINED:
+                continue  # cancelled meanwhile: its runs are the cancel's to end
             moved = self._dead_letter(self._open_runs(job), f"{CORRUPT}its job is quarantined ({reason})", now_ms)
             if moved:
                 fields = {"job_id": job.job_id, "tenant_id": job.tenant_id}
