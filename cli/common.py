@@ -19,6 +19,7 @@ from rich.table import Table
 from jobq.app import App, default_app
 from jobq.deployment import Deployment
 from jobq.errors import JobqError
+from jobq.models import DEFAULT_TENANT, JobKey
 from jobq.settings import Settings
 from jobq.tasks import TaskRegistry
 from jobq.wiring import connect
@@ -94,6 +95,28 @@ def deployment(settings: Settings) -> Iterator[Deployment]:
 
 def json_option(fn: F) -> F:
     return click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")(fn)
+
+
+def tenant_option(fn: F) -> F:
+    """--tenant for commands that take a JOB_ID: job ids are scoped by tenant."""
+    return click.option(
+        "--tenant",
+        "tenant_id",
+        default=None,
+        metavar="TENANT",
+        help=f"The job's tenant [{DEFAULT_TENANT}]. JOB_ID may also be given as TENANT/JOB_ID.",
+    )(fn)
+
+
+def job_key(ref: str, tenant_id: str | None) -> JobKey:
+    """The job that JOB_ID names: `JOB_ID` in `--tenant` (default `default`), or `TENANT/JOB_ID`.
+    Naming two different tenants (`a/job --tenant b`) is an error."""
+    key = JobKey.parse(ref, tenant_id or DEFAULT_TENANT)
+    if not key.tenant_id or not key.job_id:
+        fail(f"{ref!r} is not a job id: use JOB_ID, or TENANT/JOB_ID")
+    if tenant_id is not None and key.tenant_id != tenant_id:
+        fail(f"{ref!r} names tenant {key.tenant_id!r}, but --tenant is {tenant_id!r}")
+    return key
 
 
 def print_json(value: Any) -> None:

@@ -14,10 +14,12 @@ from jobq.cli.common import (
     console,
     deployment,
     fail,
+    job_key,
     json_option,
     load_apps,
     load_settings,
     print_json,
+    tenant_option,
 )
 from jobq.cli.common import table as new_table
 from jobq.cli.cron import dry_run_schedule
@@ -192,33 +194,38 @@ def schedule(
         client = Client(d)
         known = d.store.known_tasks() | (registry.names() if registry is not None else set())
         submitted = client.submit(spec, idempotency_key=idempotency_key, known_tasks=known)
-        view = client.get(submitted.job.job_id)
+        view = client.get(submitted.job.key)
     if as_json:
         print_json(job_resource(view))
         return
     verb = "scheduled" if submitted.created else "already scheduled (same Idempotency-Key)"
-    console.print(f"{verb} {view.job.job_id}  {task}  {kind.value}  {view.job.priority.value}")
+    console.print(f"{verb} {view.job.key}  {task}  {kind.value}  {view.job.priority.value}")
     for ms in view.next_fire_times[:5]:
         console.print(f"  next: {_iso(ms)}")
 
 
 @click.command()
 @click.argument("job_id")
+@tenant_option
 @json_option
 @backend_options
-def status(job_id: str, as_json: bool, **options: Any) -> None:
+def status(job_id: str, tenant_id: str | None, as_json: bool, **options: Any) -> None:
     """Show a job: its schedule, current run, lease, fence and counts of runs by state."""
+    key = job_key(job_id, tenant_id)
     with deployment(load_settings(options)) as d:
-        view = Client(d).get(job_id)
+        view = Client(d).get(key)
     resource = job_resource(view)
     if as_json:
         print_json(resource)
         return
     table = Table(show_header=False, box=None)
-    for key in (
+    for name in (
         "job_id",
+        "tenant_id",
         "job_name",
         "job_status",
+        "status_reason",
+        "corrupt",
         "status",
         "schedule_type",
         "cron_expression",
@@ -232,10 +239,10 @@ def status(job_id: str, as_json: bool, **options: Any) -> None:
         "next_run_time_iso",
         "created_at",
     ):
-        if resource.get(key) is not None and not (
-            key == "cron_source" and resource[key] == resource["cron_expression"]
+        if resource.get(name) is not None and not (
+            name == "cron_source" and resource[name] == resource["cron_expression"]
         ):
-            table.add_row(key, str(resource[key]))
+            table.add_row(name, str(resource[name]))
     run = view.current_run
     if run is not None and run.last_error:
         table.add_row("last_error", run.last_error)
@@ -282,12 +289,13 @@ def list_jobs(
     if as_json:
         print_json({"jobs": [job_summary(j) for j in page.items], "next_cursor": page.next_cursor})
         return
-    table = new_table("job_id", "name", "status", "type", "schedule", "priority")
+    table = new_table("job_id", "tenant", "name", "status", "type", "schedule", "priority")
     for job in page.items:
         table.add_row(
             job.job_id,
+            job.tenant_id,
             job.name,
-            job.status.value,
+            job.status.value if job.corrupt is None else f"{job.status.value} (corrupt: {job.corrupt})",
             job.schedule.type.value,
             job.schedule.cron or _iso(job.schedule.at_ms),
             job.priority.value,
@@ -299,13 +307,15 @@ def list_jobs(
 
 @click.command()
 @click.argument("job_id")
+@tenant_option
 @click.option("--limit", type=click.IntRange(1, 1000), default=20, show_default=True)
 @json_option
 @backend_options
-def runs(job_id: str, limit: int, as_json: bool, **options: Any) -> None:
+def runs(job_id: str, tenant_id: str | None, limit: int, as_json: bool, **options: Any) -> None:
     """List a job's runs, newest first."""
+    key = job_key(job_id, tenant_id)
     with deployment(load_settings(options)) as d:
-        page = Client(d).runs(job_id, limit=limit)
+        page = Client(d).runs(key, limit=limit)
     if as_json:
         print_json({"runs": [run_resource(r) for r in page.items], "next_cursor": page.next_cursor})
         return
@@ -318,19 +328,21 @@ def runs(job_id: str, limit: int, as_json: bool, **options: Any) -> None:
             str(r.fence),
             _iso(r.nominal_ms),
             _iso(r.finished_ms),
-            (r.last_error or "")[:60],
+            (r.last_error or "")[:60] if r.corrupt is None else f"corrupt: {r.corrupt}"[:60],
         )
     console.print(table)
 
 
 @click.command()
 @click.argument("job_id")
+@tenant_option
 @json_option
 @backend_options
-def history(job_id: str, as_json: bool, **options: Any) -> None:
+def history(job_id: str, tenant_id: str | None, as_json: bool, **options: Any) -> None:
     """Show every attempt's start and outcome for a job, oldest first."""
+    key = job_key(job_id, tenant_id)
     with deployment(load_settings(options)) as d:
-        events = Client(d).history(job_id)
+        events = Client(d).history(key)
     if as_json:
         print_json({"events": [event_resource(e) for e in events]})
         return
@@ -352,18 +364,20 @@ def history(job_id: str, as_json: bool, **options: Any) -> None:
 def _action(name: str, verb: str, help_text: str) -> click.Command:
     @click.command(name=name, help=help_text)
     @click.argument("job_id")
+    @tenant_option
     @json_option
     @backend_options
-    def command(job_id: str, as_json: bool, **options: Any) -> None:
+    def command(job_id: str, tenant_id: str | None, as_json: bool, **options: Any) -> None:
+        key = job_key(job_id, tenant_id)
         with deployment(load_settings(options)) as d:
             client = Client(d)
-            result = getattr(client, name)(job_id)
-            view = client.get(job_id)
+            result = getattr(client, name)(key)
+            view = client.get(key)
         if as_json:
             print_json(job_resource(view))
             return
         extra = f" as run {result.run_id}" if name == "trigger" else ""
-        console.print(f"{verb} {job_id}{extra}: job {view.job.status.value}")
+        console.print(f"{verb} {key}{extra}: job {view.job.status.value}")
 
     return command
 
@@ -408,7 +422,7 @@ def dlq_show(run_id: str, as_json: bool, **options: Any) -> None:
     with deployment(load_settings(options)) as d:
         client = Client(d)
         run = client.run(run_id)
-        events = [e for e in client.history(run.job_id) if e.run_id == run_id]
+        events = [e for e in client.history(run.job_key) if e.run_id == run_id]
     resource = {**run_resource(run), "history": [event_resource(e) for e in events]}
     if as_json:
         print_json(resource)

@@ -56,21 +56,22 @@ R = TypeVar("R")
 
 
 class JobHandle:
-    """A submitted job: its id, and shortcuts to follow it."""
+    """A submitted job: its id (and key: its tenant and id), and shortcuts to follow it."""
 
     def __init__(self, app: App, submitted: Submitted) -> None:
         self.app = app
         self.job = submitted.job
         self.job_id = submitted.job.job_id
+        self.key = submitted.job.key
         self.created = submitted.created
         self.next_fire_times = submitted.next_fire_times
 
     def wait(self, timeout_s: float = 30.0) -> Run:
         """Block until the job's current run finishes; returns the run (check `.state`, `.result`)."""
-        return self.app.client.wait(self.job_id, timeout_s=timeout_s)
+        return self.app.client.wait(self.key, timeout_s=timeout_s)
 
     def cancel(self) -> None:
-        self.app.client.cancel(self.job_id)
+        self.app.client.cancel(self.key)
 
     def __repr__(self) -> str:
         return f"JobHandle({self.job_id!r})"

@@ -25,7 +25,7 @@ from typing import TextIO
 from jobq.app import App
 from jobq.client import Client
 from jobq.deployment import Deployment
-from jobq.models import Priority, Run, RunState, TaskTarget
+from jobq.models import JobKey, Priority, Run, RunState, TaskTarget
 from jobq.settings import Settings
 from jobq.submission import JobSpec
 
@@ -169,17 +169,17 @@ class Bench:
             {"schedule_type": kind, "target": TaskTarget(task=NOOP), "job_name": "bench", **fields}
         )
 
-    def _submit(self, specs: Sequence[JobSpec], *, bulk: bool = False) -> list[str]:
+    def _submit(self, specs: Sequence[JobSpec], *, bulk: bool = False) -> list[JobKey]:
         """One `submit` per job (what W1's enqueue rate measures), or `submit_many` in batches
         where only the runs' timing matters."""
-        ids: list[str] = []
+        ids: list[JobKey] = []
         step = 1000 if bulk else 500
         for start in range(0, len(specs), step):
             chunk = specs[start : start + step]
             if bulk:
-                ids.extend(job.job_id for job in self.client.submit_many(chunk))
+                ids.extend(job.key for job in self.client.submit_many(chunk))
             else:
-                ids.extend(self.client.submit(spec).job.job_id for spec in chunk)
+                ids.extend(self.client.submit(spec).job.key for spec in chunk)
             self.progress("enqueueing", len(ids), len(specs))
         return ids
 
@@ -219,19 +219,19 @@ class Bench:
             time.sleep(0.02)
         self.progress(phase, n, n)
 
-    def _verify(self, job_ids: Sequence[str], logs: Path) -> bool:
+    def _verify(self, job_ids: Sequence[JobKey], logs: Path) -> bool:
         executed = _executed(logs)
         return len(executed) == len(set(executed)) == len(job_ids)
 
-    def _runs(self, job_ids: Sequence[str]) -> list[Run]:
+    def _runs(self, job_ids: Sequence[JobKey]) -> list[Run]:
         runs: list[Run] = []
         for start in range(0, len(job_ids), 500):
             jobs = self.d.store.get_jobs(job_ids[start : start + 500])
-            ids = [Run.make_id(j.job_id, j.schedule.at_ms or 0) for j in jobs.values()]
+            ids = [Run.make_id(j.key, j.schedule.at_ms or 0) for j in jobs.values()]
             runs.extend(self.d.store.get_runs(ids).values())
         return runs
 
-    def _lateness(self, name: str, runs: list[Run], job_ids: Sequence[str], logs: Path, elapsed: float) -> Result:
+    def _lateness(self, name: str, runs: list[Run], job_ids: Sequence[JobKey], logs: Path, elapsed: float) -> Result:
         done = [r for r in runs if r.state is RunState.SUCCEEDED]
         return Result(
             name,

@@ -2,6 +2,14 @@
 
 Every change goes through the store's compare-and-set, so a client racing a daemon (or another
 client) loses cleanly instead of corrupting a run.
+
+Jobs are named by tenant and job id. Methods take a `JobKey`, or a string: a job id in the
+client's tenant (`default` when the client is not confined to one), or `TENANT/JOB_ID`. A client
+confined to a tenant (`tenant_id=`) finds nothing of another tenant's: `JobNotFound`, exactly as
+if it did not exist.
+
+A job whose stored record does not decode (a corrupt marker, `Job.corrupt`) can be read and
+cancelled (a status write that leaves the record as it is); pause, resume and trigger refuse it.
 """
 
 from __future__ import annotations
@@ -19,11 +27,13 @@ from jobq.codec import encode, envelope_for
 from jobq.deployment import Deployment
 from jobq.errors import Conflict, InvalidJob, JobNotFound, RunNotFound, TransportError
 from jobq.models import (
+    DEFAULT_TENANT,
     PAUSED,
     PAUSED_RECHECK_MS,
     TERMINAL_STATES,
     IdempotencyRecord,
     Job,
+    JobKey,
     JobStatus,
     Run,
     RunEvent,
@@ -45,6 +55,9 @@ from jobq.submission import (
 
 _OPEN = frozenset(RunState) - TERMINAL_STATES
 _SUBMITTER = "submitter"  # the lease owner of a run dispatched at submission
+
+#: How callers name a job: its key, or a job id (in the client's tenant) or `TENANT/JOB_ID`.
+JobRef = str | JobKey
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,40 +210,53 @@ class Client:
 
     # -- reading --------------------------------------------------------------------------------
 
-    def job(self, job_id: str) -> Job:
-        if text_problem(job_id) is not None:
-            raise JobNotFound(job_id)  # no job can have this id, and PostgreSQL cannot look it up
-        job = self.store.get_jobs([job_id]).get(job_id)
-        if job is None or (self.tenant_id is not None and job.tenant_id != self.tenant_id):
-            raise JobNotFound(job_id)
-        return job
+    def key(self, job: JobRef) -> JobKey:
+        """The key `job` names: a `JobKey` as it is; a string as `JobKey.parse` reads it, in this
+        client's tenant (or `default`)."""
+        if isinstance(job, JobKey):
+            return job
+        return JobKey.parse(job, self.tenant_id or DEFAULT_TENANT)
 
-    def get(self, job_id: str) -> JobView:
-        job = self.job(job_id)
-        counts = {state.value: n for state, n in self.store.run_counts(job_id).items()}
-        newest = self.store.list_runs(RunQuery(job_id=job_id, limit=1)).items
-        current = _current([*self._open_runs(job_id), *newest])
+    def job(self, job: JobRef) -> Job:
+        key = self.key(job)
+        # No job can have an id with text no store can compare (NUL, lone surrogates), and
+        # PostgreSQL cannot even look one up: such a reference names nothing.
+        unreadable = text_problem(key.job_id) is not None or text_problem(key.tenant_id) is not None
+        mine = self.tenant_id in (None, key.tenant_id)
+        found = None if unreadable or not mine else self.store.get_jobs([key]).get(key)
+        if found is None:
+            raise JobNotFound(str(key) if self.tenant_id is None else key.job_id)
+        return found
+
+    def get(self, job: JobRef) -> JobView:
+        found = self.job(job)
+        key = found.key
+        counts = {state.value: n for state, n in self.store.run_counts(key).items()}
+        newest = self.store.list_runs(RunQuery(job=key, limit=1)).items
+        current = _current([*self._open_runs(key), *newest])
         now = self.clock.now_ms()
         # Only an ACTIVE job has a next run time: a paused one starts nothing until it is resumed (the
         # due time of a run held for it is when the scanner looks at the job again, not a time it runs).
         upcoming: builtins.list[int] = []
-        if job.status is JobStatus.ACTIVE:
-            if job.recurring:
-                upcoming = preview(job, now)
+        if found.corrupt is not None:
+            pass  # its schedule may be what does not decode: nothing is promised
+        elif found.status is JobStatus.ACTIVE:
+            if found.recurring:
+                upcoming = preview(found, now)
             elif current is not None and not current.state.terminal and not current.held:
                 upcoming = [current.due_ms]
-            elif job.next_fire_ms is not None:
-                upcoming = [job.next_fire_ms]  # a one-off beyond the horizon: its run is not created yet
-        return JobView(job, current, counts, tuple(upcoming))
+            elif found.next_fire_ms is not None:
+                upcoming = [found.next_fire_ms]  # a one-off beyond the horizon: its run is not created yet
+        return JobView(found, current, counts, tuple(upcoming))
 
     def list(self, query: JobQuery) -> Page[Job]:
         if self.tenant_id is not None:
             query = dataclasses.replace(query, tenant_id=self.tenant_id)
         return self.store.list_jobs(query)
 
-    def runs(self, job_id: str, *, cursor: str | None = None, limit: int = 100) -> Page[Run]:
-        self.job(job_id)
-        return self.store.list_runs(RunQuery(job_id=job_id, cursor=cursor, limit=limit))
+    def runs(self, job: JobRef, *, cursor: str | None = None, limit: int = 100) -> Page[Run]:
+        key = self.job(job).key
+        return self.store.list_runs(RunQuery(job=key, cursor=cursor, limit=limit))
 
     def run(self, run_id: str) -> Run:
         if text_problem(run_id) is not None:
@@ -240,32 +266,32 @@ class Client:
             raise RunNotFound(run_id)
         return run
 
-    def history(self, job_id: str, limit: int = 1000) -> builtins.list[RunEvent]:
-        self.job(job_id)
-        return self.d.history.read(job_id, limit)
+    def history(self, job: JobRef, limit: int = 1000) -> builtins.list[RunEvent]:
+        key = self.job(job).key
+        return self.d.history.read(key, limit)
 
-    def wait(self, job_id: str, *, timeout_s: float = 30.0, poll_s: float = 0.05) -> Run:
+    def wait(self, job: JobRef, *, timeout_s: float = 30.0, poll_s: float = 0.05) -> Run:
         """Block until the job's current run is terminal; returns it. Raises TimeoutError."""
         deadline = time.monotonic() + timeout_s
         while True:
-            view = self.get(job_id)
+            view = self.get(job)
             run = view.current_run
             if run is not None and run.state.terminal:
                 return run
             if time.monotonic() > deadline:
                 state = run.state if run else "no run yet"
-                raise TimeoutError(f"job {job_id} did not finish within {timeout_s} s (current run: {state})")
+                raise TimeoutError(f"job {job} did not finish within {timeout_s} s (current run: {state})")
             time.sleep(poll_s)
 
     # -- changing -------------------------------------------------------------------------------
 
-    def cancel(self, job_id: str) -> Job:
+    def cancel(self, job: JobRef) -> Job:
         """Cancel the job and every run not yet finished. Linearizable: once this returns, no run of
         the job starts, and a running one sees `ctx.cancelled` at its next heartbeat (its outcome
-        is refused). Cancelling a cancelled job finishes what an interrupted cancel left."""
-        job = self._set_status(
-            job_id, {JobStatus.ACTIVE, JobStatus.PAUSED, JobStatus.CANCELLED}, JobStatus.CANCELLED, next_fire_ms=None
-        )
+        is refused). Cancelling a cancelled job finishes what an interrupted cancel left. A
+        quarantined job, or one whose record does not decode, can be cancelled too."""
+        allowed = {JobStatus.ACTIVE, JobStatus.PAUSED, JobStatus.CANCELLED, JobStatus.QUARANTINED}
+        cancelled = self._set_status(job, allowed, JobStatus.CANCELLED, next_fire_ms=None)
         now = self.clock.now_ms()
 
         def end(run: Run) -> Transition | None:
@@ -273,20 +299,20 @@ class Client:
                 run.run_id,
                 frozenset({run.state}),
                 RunState.CANCELLED,
-                run.fence,
+                run.fence if run.corrupt is None else None,  # a corrupt row's fence may be what is wrong
                 {"last_error": "cancelled by request", "finished_ms": now, "lease_expires_ms": None},
                 bump_fence=True,
                 at_ms=now,
             )
 
-        self._override(job_id, end)
-        return job
+        self._override(cancelled.key, end)
+        return cancelled
 
-    def pause(self, job_id: str) -> Job:
+    def pause(self, job: JobRef) -> Job:
         """Stop creating runs, and hold the runs not yet started until `resume`. Linearizable: once
         this returns, no run of the job starts until it is resumed (a running one finishes)."""
         now = self.clock.now_ms()
-        job = self._set_status(job_id, {JobStatus.ACTIVE}, JobStatus.PAUSED, paused_ms=now)
+        paused = self._set_status(job, {JobStatus.ACTIVE}, JobStatus.PAUSED, paused_ms=now)
 
         def hold(run: Run) -> Transition | None:
             # A SCHEDULED run is safe where it is: whoever claims it reads the job's status first.
@@ -308,23 +334,31 @@ class Client:
                 at_ms=now,
             )
 
-        self._override(job_id, hold)
-        return job
+        self._override(paused.key, hold)
+        return paused
 
-    def resume(self, job_id: str) -> Job:
-        """Create runs again. Recurring fires that fell in the pause are skipped; a one-off fires now."""
+    def resume(self, job: JobRef) -> Job:
+        """Create runs again. Recurring fires that fell in the pause are skipped; a one-off fires now.
+        A quarantined job is resumed the same way once its record decodes again."""
         now = self.clock.now_ms()
-        current = self.job(job_id)
+        current = self.job(job)
+        key = current.key
+        if current.corrupt is not None:
+            raise Conflict(f"job {self._name(current)!r} does not decode ({current.corrupt}); repair its record first")
         paused_ms = current.paused_ms
-        job = self._set_status(
-            job_id, {JobStatus.PAUSED}, JobStatus.ACTIVE, next_fire_ms=resume_fire(current, now), paused_ms=None
+        resumed = self._set_status(
+            key,
+            {JobStatus.PAUSED, JobStatus.QUARANTINED},
+            JobStatus.ACTIVE,
+            next_fire_ms=resume_fire(current, now),
+            paused_ms=None,
         )
 
         def wake(run: Run) -> Transition | None:
             if run.state is not RunState.SCHEDULED or run.blocked_by != PAUSED:
                 return None
             fell_in_pause = paused_ms is not None and paused_ms <= run.nominal_ms < now
-            if job.recurring and run.attempt == 1 and fell_in_pause:
+            if resumed.recurring and run.attempt == 1 and fell_in_pause:
                 return Transition(
                     run.run_id,
                     frozenset({RunState.SCHEDULED}),
@@ -343,20 +377,23 @@ class Client:
                 at_ms=now,
             )
 
-        self._override(job_id, wake, states=frozenset({RunState.SCHEDULED}))
-        return self._materialise(job)
+        self._override(key, wake, states=frozenset({RunState.SCHEDULED}))
+        return self._materialise(resumed)
 
-    def trigger(self, job_id: str) -> Run:
+    def trigger(self, job: JobRef) -> Run:
         """Run the job once now, outside its schedule (its policies and payload apply). The run
         never completes the job: a one-off still fires at its own time."""
-        job = self.job(job_id)
-        if job.status is JobStatus.CANCELLED:
-            raise Conflict(f"job {job_id!r} is cancelled")
+        found = self.job(job)
+        name = self._name(found)
+        if found.corrupt is not None:
+            raise Conflict(f"job {name!r} does not decode ({found.corrupt}); cancel it or repair its record")
+        if found.status in (JobStatus.CANCELLED, JobStatus.QUARANTINED):
+            raise Conflict(f"job {name!r} is {found.status.value.lower()}")
         now = self.clock.now_ms()
-        run = new_run(job, now, now, self.limits)
+        run = new_run(found, now, now, self.limits)
         added = self.store.add_runs([run])
         if not added:
-            raise Conflict(f"job {job_id!r} was already triggered at {now}")
+            raise Conflict(f"job {name!r} was already triggered at {now}")
         self._index(added)
         return added[0]
 
@@ -421,34 +458,48 @@ class Client:
 
     # -- helpers --------------------------------------------------------------------------------
 
-    def _open_runs(self, job_id: str, states: frozenset[RunState] = _OPEN) -> builtins.list[Run]:
+    def _name(self, job: Job) -> str:
+        """The job as messages name it: its id to a client of its tenant, else `TENANT/JOB_ID`."""
+        return job.job_id if self.tenant_id is not None else str(job.key)
+
+    def _open_runs(self, job: JobKey, states: frozenset[RunState] = _OPEN) -> builtins.list[Run]:
         """The job's unfinished runs: few, since runs are only created within the horizon."""
         runs: builtins.list[Run] = []
         cursor = None
         while True:
-            page = self.store.list_runs(RunQuery(job_id=job_id, states=states, cursor=cursor, limit=500))
+            page = self.store.list_runs(RunQuery(job=job, states=states, cursor=cursor, limit=500))
             runs.extend(page.items)
             if page.next_cursor is None:
                 return runs
             cursor = page.next_cursor
 
-    def _set_status(self, job_id: str, allowed: set[JobStatus], status: JobStatus, **fields: int | None) -> Job:
+    def _set_status(self, ref: JobRef, allowed: set[JobStatus], status: JobStatus, **fields: int | None) -> Job:
         """Move the job to `status` (and set `fields`) by compare-and-set on its version, reading it
-        again when beat advanced it meanwhile."""
+        again when beat advanced it meanwhile. The status reason a daemon left goes. A job whose
+        record does not decode can only be cancelled: a status write that leaves the record as it is."""
         for _ in range(5):
-            job = self.job(job_id)
+            job = self.job(ref)
+            name = self._name(job)
             if job.status not in allowed:
-                raise Conflict(f"job {job_id!r} is {job.status}; cannot make it {status}")
-            update: dict[str, object] = {"status": status, "updated_ms": self.clock.now_ms(), **fields}
+                raise Conflict(f"job {name!r} is {job.status}; cannot make it {status}")
+            now = self.clock.now_ms()
+            if job.corrupt is not None:
+                if status is not JobStatus.CANCELLED:
+                    raise Conflict(f"job {name!r} does not decode ({job.corrupt}); cancel it or repair its record")
+                if self.store.set_job_status(job.key, status, frozenset(allowed), now):
+                    changed = {"status": status, "status_reason": None, "version": job.version + 1, "updated_ms": now}
+                    return job.model_copy(update=changed)
+                continue
+            update: dict[str, object] = {"status": status, "status_reason": None, "updated_ms": now, **fields}
             try:
                 return self.store.update_job(job.model_copy(update=update))
             except Conflict:
                 continue  # beat advanced it meanwhile; read again
-        raise Conflict(f"job {job_id!r} keeps changing; try again")
+        raise Conflict(f"job {str(self.key(ref))!r} keeps changing; try again")
 
     def _override(
         self,
-        job_id: str,
+        job: JobKey,
         decide: Callable[[Run], Transition | None],
         *,
         states: frozenset[RunState] = _OPEN,
@@ -459,14 +510,14 @@ class Client:
         again from the run as it now is. The job's status was changed first, so daemons that read
         it from then on act on it themselves, and the loop ends."""
         for _ in range(rounds):
-            moves = [m for m in map(decide, self._open_runs(job_id, states)) if m is not None]
+            moves = [m for m in map(decide, self._open_runs(job, states)) if m is not None]
             if not moves:
                 return
             moved = self.store.transition(moves)
             done = [r for r in moved if r is not None]
             self.d.index.discard([r.run_id for r in done if r.state is not RunState.SCHEDULED])
             self._index([r for r in done if r.state is RunState.SCHEDULED])
-        raise Conflict(f"job {job_id!r}: its runs keep changing; try again")
+        raise Conflict(f"job {str(job)!r}: its runs keep changing; try again")
 
     def _materialise(self, job: Job) -> Job:
         now = self.clock.now_ms()
@@ -478,7 +529,7 @@ class Client:
         try:
             return self.store.update_job(advanced)
         except Conflict:
-            return self.job(job.job_id)  # beat got there first; its runs are the same runs
+            return self.job(job.key)  # beat got there first; its runs are the same runs
 
     def _index(self, runs: Sequence[Run]) -> None:
         entries = [IndexEntry(r.run_id, r.due_ms, r.priority) for r in runs if r.state is RunState.SCHEDULED]

@@ -1,8 +1,11 @@
 """The wire envelope: the only place that knows what a transport message holds.
 
-    {"v": 1, "run_id", "job_id", "fence", "task", "priority", "attempt", "last"?, "payload"?, "trace"?}
+    {"v": 1, "run_id", "job_id", "tenant_id"?, "fence", "task", "priority", "attempt", "last"?, "payload"?,
+     "trace"?}
 
 `last` marks the run of a one-off or immediate job: its final outcome also completes the job.
+`tenant_id` is the tenant of the job (job ids are per tenant); absent for the tenant `default`, so
+messages of that tenant are what they were before job ids were scoped by tenant.
 
 The payload travels inline when it is small; otherwise the worker reads it from the store.
 """
@@ -14,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from jobq.errors import TransportError
-from jobq.models import Job, Priority, Run
+from jobq.models import DEFAULT_TENANT, Job, JobKey, Priority, Run
 
 VERSION = 1
 INLINE_PAYLOAD_MAX_BYTES = 8 * 1024
@@ -36,10 +39,15 @@ class Envelope:
     payload: Any = _MISSING  # _MISSING: not inlined, read it from the store
     trace: str | None = None
     last: bool = False
+    tenant_id: str = DEFAULT_TENANT
 
     @property
     def payload_inline(self) -> bool:
         return self.payload is not _MISSING
+
+    @property
+    def job_key(self) -> JobKey:
+        return JobKey(self.tenant_id, self.job_id)
 
 
 def envelope_for(run: Run, job: Job) -> Envelope:
@@ -53,6 +61,7 @@ def envelope_for(run: Run, job: Job) -> Envelope:
         run.attempt,
         job.payload,
         last=job.completed_by(run.nominal_ms),
+        tenant_id=run.tenant_id,
     )
 
 
@@ -66,6 +75,8 @@ def encode(envelope: Envelope) -> bytes:
         "priority": envelope.priority.value,
         "attempt": envelope.attempt,
     }
+    if envelope.tenant_id != DEFAULT_TENANT:
+        doc["tenant_id"] = envelope.tenant_id
     if envelope.trace:
         doc["trace"] = envelope.trace
     if envelope.last:
@@ -92,6 +103,7 @@ def decode(body: bytes) -> Envelope:
             payload=doc.get("payload", _MISSING),
             trace=doc.get("trace"),
             last=bool(doc.get("last", False)),
+            tenant_id=str(doc.get("tenant_id", DEFAULT_TENANT)),
         )
     except UndecodableMessage:
         raise

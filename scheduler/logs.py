@@ -12,14 +12,17 @@ import logging
 import sys
 from typing import Any
 
-from jobq.models import Run
+from jobq.models import DEFAULT_TENANT, Run
 from jobq.redaction import redact_text
 
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
 
 
 def run_fields(run: Run, **more: Any) -> dict[str, Any]:
-    return {"job_id": run.job_id, "run_id": run.run_id, "fence": run.fence, "attempt": run.attempt, **more}
+    fields = {"job_id": run.job_id, "run_id": run.run_id, "fence": run.fence, "attempt": run.attempt, **more}
+    if run.tenant_id != DEFAULT_TENANT:  # job ids are per tenant
+        fields["tenant_id"] = run.tenant_id
+    return fields
 
 
 def _fields(record: logging.LogRecord) -> dict[str, Any]:

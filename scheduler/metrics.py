@@ -104,6 +104,9 @@ class Metrics:
         )
         self.history_errors = Counter("jobq_history_errors_total", "History events that could not be written.")
         self.loop_errors = Counter("jobq_loop_errors_total", "Daemon passes that raised.", ("daemon",))
+        self.corrupt_records = Counter(
+            "jobq_corrupt_records_total", "Stored records that did not decode, quarantined (job or run).", ("kind",)
+        )
 
     def all(self) -> list[Counter | Histogram]:
         return [v for v in vars(self).values() if isinstance(v, Counter | Histogram)]

@@ -1,8 +1,13 @@
 """The domain records: jobs, runs, their states and the one table of allowed transitions.
 
-A *job* is what a user submits (target, payload, schedule, priority, policies). A *run* is
-one firing of it, identified by `run_id = f"{job_id}:{nominal_ms}"`, so creating the same
-run twice is a no-op. Times are integer milliseconds since the epoch, UTC.
+A *job* is what a user submits (target, payload, schedule, priority, policies), identified by
+its `JobKey`, the pair (tenant, job id): two tenants may hold the same job id. A *run* is one
+firing of it, identified by `Run.make_id(key, nominal_ms)` (`f"{job_id}:{nominal_ms}"` for the
+tenant `default`, `f"{tenant}/{job_id}:{nominal_ms}"` otherwise), so creating the same run
+twice is a no-op. Times are integer milliseconds since the epoch, UTC.
+
+A record read back from a store that does not decode is returned as a *corrupt marker*: a `Job`
+or `Run` whose `corrupt` says why (see `jobq.records`).
 """
 
 from __future__ import annotations
@@ -10,7 +15,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -103,6 +108,32 @@ class JobStatus(enum.StrEnum):
     PAUSED = "PAUSED"
     COMPLETED = "COMPLETED"  # its schedule is exhausted: no further runs will be created
     CANCELLED = "CANCELLED"
+    # Its stored record did not decode: a daemon took it out of circulation (no runs are created,
+    # its open runs were dead-lettered as Corrupt). `jobq resume` brings it back once it decodes.
+    QUARANTINED = "QUARANTINED"
+
+
+DEFAULT_TENANT = "default"
+TENANT_SEPARATOR = "/"  # in run ids and `T/JOB_ID` references; never in a tenant or job id
+
+
+class JobKey(NamedTuple):
+    """What names a job: job ids are scoped by tenant, so tenants can neither see nor take each
+    other's ids. `str(key)` is the job id for the tenant `default`, else `tenant/job_id`."""
+
+    tenant_id: str
+    job_id: str
+
+    def __str__(self) -> str:
+        if self.tenant_id == DEFAULT_TENANT:
+            return self.job_id
+        return f"{self.tenant_id}{TENANT_SEPARATOR}{self.job_id}"
+
+    @classmethod
+    def parse(cls, text: str, tenant_id: str = DEFAULT_TENANT) -> JobKey:
+        """`JOB_ID` (in `tenant_id`) or `TENANT/JOB_ID`, the form `str` gives."""
+        tenant, sep, job_id = text.rpartition(TENANT_SEPARATOR)
+        return cls(tenant, job_id) if sep else cls(tenant_id, text)
 
 
 class ScheduleType(enum.StrEnum):
@@ -213,12 +244,19 @@ class Job(_Record):
     jitter_s: int = 0
     timeout_s: float | None = None
     status: JobStatus = JobStatus.ACTIVE
+    status_reason: str | None = None  # why a daemon set the status (a quarantine); cleared by the next change
     next_fire_ms: int | None = None  # the next nominal fire time not yet materialised as a run
     last_run_id: str | None = None  # the newest materialised run (overlap policies look at it)
     paused_ms: int | None = None  # when the job was last paused, while it is paused
     created_ms: int
     updated_ms: int
     version: int = 0
+    # Set only on a record read back that did not decode (`jobq.records`): why. Never stored.
+    corrupt: str | None = Field(default=None, exclude=True)
+
+    @property
+    def key(self) -> JobKey:
+        return JobKey(self.tenant_id, self.job_id)
 
     @property
     def task_name(self) -> str:
@@ -259,6 +297,12 @@ class Run(_Record):
     dispatched_ms: int | None = None
     started_ms: int | None = None
     finished_ms: int | None = None
+    # Set only on a record read back that did not decode (`jobq.records`): why. Never stored.
+    corrupt: str | None = Field(default=None, exclude=True)
+
+    @property
+    def job_key(self) -> JobKey:
+        return JobKey(self.tenant_id, self.job_id)
 
     @property
     def held(self) -> bool:
@@ -267,8 +311,22 @@ class Run(_Record):
         return self.blocked_by == PAUSED
 
     @staticmethod
-    def make_id(job_id: str, nominal_ms: int) -> str:
-        return f"{job_id}:{nominal_ms}"
+    def make_id(job: JobKey, nominal_ms: int) -> str:
+        """The run id of `job`'s fire at `nominal_ms`: `job_id:ms` for the tenant `default` (the
+        form runs had before job ids were scoped by tenant), `tenant/job_id:ms` otherwise. Neither
+        id may hold `/` or `:`, so the id names its job and fire unambiguously (`parse_id`)."""
+        return f"{job}:{nominal_ms}"
+
+    @staticmethod
+    def parse_id(run_id: str) -> tuple[JobKey, int] | None:
+        """The job key and nominal time `make_id` built `run_id` from; None for another form."""
+        head, sep, nominal = run_id.rpartition(":")
+        if not sep or not head or not nominal.isdigit() or str(int(nominal)) != nominal:
+            return None
+        key = JobKey.parse(head)
+        if not key.tenant_id or not key.job_id:
+            return None
+        return key, int(nominal)
 
     @classmethod
     def from_store(cls, fields: dict[str, Any]) -> Run:
@@ -277,8 +335,8 @@ class Run(_Record):
         return cls.model_validate(fields)
 
 
-#: Every field of a run, in the order the SQL stores keep their columns.
-RUN_FIELDS: tuple[str, ...] = tuple(Run.model_fields)
+#: Every stored field of a run, in the order the SQL stores keep their columns.
+RUN_FIELDS: tuple[str, ...] = tuple(name for name in Run.model_fields if name != "corrupt")
 
 # The fields a transition may change besides state and fence. Backends whitelist these.
 MUTABLE_RUN_FIELDS = frozenset(
@@ -347,6 +405,10 @@ class RunEvent(_Record):
     error: str | None = None
     duration_ms: int | None = None
 
+    @property
+    def job_key(self) -> JobKey:
+        return JobKey(self.tenant_id, self.job_id)
+
 
 class IdempotencyRecord(_Record):
     """An Idempotency-Key, written in the same transaction as the job it created."""
@@ -358,6 +420,11 @@ class IdempotencyRecord(_Record):
     response: str | None = None  # the original response, replayed verbatim
     created_ms: int
     expires_ms: int
+
+    @property
+    def job_key(self) -> JobKey:
+        """The job the key created: a key is per tenant, and so is that job's id."""
+        return JobKey(self.tenant_id, self.job_id)
 
 
 class ApiToken(_Record):

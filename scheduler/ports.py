@@ -17,6 +17,7 @@ from jobq.models import (
     ApiToken,
     IdempotencyRecord,
     Job,
+    JobKey,
     JobStatus,
     Priority,
     Run,
@@ -61,7 +62,7 @@ class JobQuery:
 class RunQuery:
     """Raises `InvalidQuery` for text that cannot be stored (`jobq.bounds.text_problem`)."""
 
-    job_id: str | None = None
+    job: JobKey | None = None  # one job's runs (its tenant's: the key names it)
     tenant_id: str | None = None
     states: frozenset[RunState] = field(default_factory=frozenset)
     dead_letter: bool | None = None
@@ -69,7 +70,8 @@ class RunQuery:
     limit: int = 100
 
     def __post_init__(self) -> None:
-        _check_texts(job_id=self.job_id, tenant_id=self.tenant_id, cursor=self.cursor)
+        job = self.job or (None, None)
+        _check_texts(job_tenant_id=job[0], job_id=job[1], tenant_id=self.tenant_id, cursor=self.cursor)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,36 +82,55 @@ class CreateResult:
 
 
 class JobStore(Protocol):
-    """The source of truth for jobs, runs, idempotency keys and registered task names."""
+    """The source of truth for jobs, runs, idempotency keys and registered task names.
+
+    Jobs are named by `JobKey` (tenant, job id): two tenants may hold the same job id, and nothing
+    one tenant does can find, take or change the other's. Run ids are globally unique
+    (`Run.make_id`). Every read decodes each record on its own: a stored record that does not
+    decode comes back as a corrupt marker (`corrupt` set, see `jobq.records`), never as an error
+    that fails the whole read.
+    """
 
     def create_job(self, job: Job, runs: Sequence[Run], idempotency: IdempotencyRecord | None = None) -> CreateResult:
         """Write the job, its first runs and its idempotency key in one atomic step.
 
         With an idempotency key already stored for the tenant: the same fingerprint returns the
         original job (`created=False`), another fingerprint raises `IdempotencyConflict`; nothing
-        is written in either case. A job id that exists raises `DuplicateJob`.
+        is written in either case. A job whose key (tenant, job id) exists raises `DuplicateJob`;
+        the same job id in another tenant is another job.
         """
         ...
 
     def create_jobs(self, items: Sequence[tuple[Job, Sequence[Run]]]) -> list[bool]:
-        """Bulk `create_job` without idempotency keys: each job with its runs, written if its id is
-        absent (an existing id is skipped, not an error); True where created. Batched: SQL stores
+        """Bulk `create_job` without idempotency keys: each job with its runs, written if its key is
+        absent (an existing key is skipped, not an error); True where created. Batched: SQL stores
         write the whole batch in one transaction."""
         ...
 
-    def get_jobs(self, job_ids: Sequence[str]) -> dict[str, Job]:
-        """The jobs that exist among `job_ids`, by id (one batch read)."""
+    def get_jobs(self, keys: Sequence[JobKey]) -> dict[JobKey, Job]:
+        """The jobs that exist among `keys`, by key (one batch read)."""
         ...
 
     def list_jobs(self, query: JobQuery) -> Page[Job]:
-        """Jobs matching every given filter, ordered by job id, paginated by an opaque cursor."""
+        """Jobs matching every given filter, ordered by job id then tenant, paginated by an opaque
+        cursor."""
         ...
 
     def update_job(self, job: Job) -> Job:
         """Replace the job if the stored version still equals `job.version`; returns it at version+1.
 
-        Raises `Conflict` when the version moved and `JobNotFound` when it does not exist.
+        Raises `Conflict` when the version moved or `job` is a corrupt marker (only `set_job_status`
+        may change one), and `JobNotFound` when it does not exist.
         """
+        ...
+
+    def set_job_status(
+        self, key: JobKey, status: JobStatus, expect: frozenset[JobStatus], now_ms: int, reason: str | None = None
+    ) -> bool:
+        """Set the job's status and `status_reason` (version+1, updated at `now_ms`) if its status
+        is one of `expect`; True when this call changed it. Nothing else is rewritten, so it works
+        on a record that does not decode: this is how a daemon quarantines one and how `cancel`
+        ends one. A status other than ACTIVE takes the job out of `due_jobs`."""
         ...
 
     def due_jobs(self, before_ms: int, limit: int) -> list[Job]:
@@ -128,7 +149,7 @@ class JobStore(Protocol):
         """Runs matching the filters, newest nominal time first, paginated by an opaque cursor."""
         ...
 
-    def run_counts(self, job_id: str) -> dict[RunState, int]:
+    def run_counts(self, job: JobKey) -> dict[RunState, int]:
         """How many of the job's runs are in each state (states with none are omitted)."""
         ...
 
@@ -303,8 +324,8 @@ class HistorySink(Protocol):
         failures are logged and counted."""
         ...
 
-    def read(self, job_id: str, limit: int = 1000) -> list[RunEvent]:
-        """The job's events, oldest first."""
+    def read(self, job: JobKey, limit: int = 1000) -> list[RunEvent]:
+        """The job's events (that tenant's job only), oldest first."""
         ...
 
     def flush(self) -> None: ...

@@ -29,7 +29,9 @@ Construction (``migrate=``) never upgrades a live schema silently:
 - ``never``: only check; a missing or outdated schema raises `ConfigError`.
 
 A schema ahead of this code is accepted: migrations are additive, so old processes keep working
-during a rolling upgrade.
+during a rolling upgrade. The exception is migration 4 (jobs keyed by tenant and job id): a
+process of an earlier version cannot create jobs once it is applied, so stop them, run
+`jobq init`, then start this version.
 
 Errors: psycopg never escapes. Connection, pool and operational errors become `StoreUnavailable`
 (retryable), unique violations `Conflict`, a missing table `StoreError` naming `jobq init`, a bad

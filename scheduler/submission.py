@@ -316,7 +316,7 @@ def new_run(job: Job, nominal_ms: int, now_ms: int, limits: Limits, prev_run_id:
     skip_late = job.recurring and job.misfire_policy is MisfirePolicy.SKIP
     window_ms = limits.misfire_threshold_ms if skip_late else job.catchup_window_s * 1000
     return Run(
-        run_id=Run.make_id(job.job_id, nominal_ms),
+        run_id=Run.make_id(job.key, nominal_ms),
         job_id=job.job_id,
         tenant_id=job.tenant_id,
         nominal_ms=nominal_ms,
@@ -379,7 +379,7 @@ def preview(job: Job, now_ms: int, n: int = 5) -> list[int]:
     """The next `n` nominal fire times from now (for create/update responses and `status`).
 
     A job stored before the cron dialect refused its syntax (`R`, `?`, a wrap-around range) has
-    none: it does not fire (beat logs it), and it can still be shown and cancelled."""
+    none: it does not fire (beat quarantines it), and it can still be shown and cancelled."""
     if job.recurring:
         try:
             return cron_for(job.schedule).fire_times(now_ms, n)

@@ -82,6 +82,7 @@ class TaskContext:
     worker_id: str
     lease_lost: Flag = field(default_factory=Flag)
     cancelled: Flag = field(default_factory=Flag)
+    tenant_id: str = "default"  # the job's tenant: job ids are per tenant
 
     @property
     def should_stop(self) -> bool:

@@ -38,6 +38,7 @@ def run_resource(run: Run) -> dict[str, Any]:
         "last_error": run.last_error,
         "dead_letter": run.dead_letter,
         "result": run.result,
+        "corrupt": run.corrupt,
     }
 
 
@@ -83,6 +84,8 @@ def job_summary(job: Job) -> dict[str, Any]:
         "tenant_id": job.tenant_id,
         "job_name": job.name,
         "job_status": job.status.value,
+        "status_reason": job.status_reason,
+        "corrupt": job.corrupt,
         "schedule_type": job.schedule.type.value,
         "cron_expression": job.schedule.cron,
         "cron_source": job.schedule.cron_source or job.schedule.cron,

@@ -63,13 +63,17 @@ def init_store(settings: Settings) -> str:
         return f"PostgreSQL schema {db.schema!r} at version {version}: {done}"
     if scheme == "dynamodb":
         from jobq.store.dynamodb import DynamoStore
+        from jobq.store.dynamodb_upgrade import move_legacy_jobs
 
         store = DynamoStore.from_url(url)
         try:
             created = store.create_table()
+            moved = 0 if created else move_legacy_jobs(store)
         finally:
             store.close()
         state = "created (table and indexes ACTIVE, TTL on `ttl`)" if created else "already exists (indexes checked)"
+        if moved:
+            state += f"; moved {moved} jobs of tenants other than `default` to their tenant-scoped keys"
         return f"DynamoDB table {store.table.name!r}: {state}"
     if scheme == "sqlite":
         connect(settings).close()  # the embedded backends create their tables when they open

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from jobq.models import Job, Priority, Run, RunState, Schedule, ScheduleType, TaskTarget
+from jobq.models import Job, JobKey, Priority, Run, RunState, Schedule, ScheduleType, TaskTarget
 
 T0 = 1_790_000_000_000  # 2026-09-21T15:33:20Z
+
+
+def key(job_id: str = "job_1", tenant_id: str = "default") -> JobKey:
+    return JobKey(tenant_id, job_id)
 
 
 def make_job(job_id: str = "job_1", **overrides: Any) -> Job:
@@ -26,8 +30,9 @@ def make_job(job_id: str = "job_1", **overrides: Any) -> Job:
 
 
 def make_run(job_id: str = "job_1", nominal_ms: int = T0, **overrides: Any) -> Run:
+    tenant_id = overrides.get("tenant_id", "default")
     fields: dict[str, Any] = {
-        "run_id": Run.make_id(job_id, nominal_ms),
+        "run_id": Run.make_id(JobKey(tenant_id, job_id), nominal_ms),
         "job_id": job_id,
         "nominal_ms": nominal_ms,
         "due_ms": nominal_ms,

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from factories import T0
+from factories import T0, key
 from moto_server import MotoServer, moto  # noqa: F401
 from services import free_port
 
@@ -197,19 +197,19 @@ def test_objects_are_gzipped_ndjson_by_default(make_s3: Callable[..., S3History]
     events = [_event(T0, n=1), _event(T0 + 1, n=2, kind="FAILED", error="boom\nline two")]
     sink.record(events)
     sink.flush()
-    (key,) = [item["Key"] for item in s3.list_objects_v2(Bucket=BUCKET)["Contents"]]
-    raw = s3.get_object(Bucket=BUCKET, Key=key)["Body"].read()
-    assert key.endswith(".ndjson.gz")
+    (object_key,) = [item["Key"] for item in s3.list_objects_v2(Bucket=BUCKET)["Contents"]]
+    raw = s3.get_object(Bucket=BUCKET, Key=object_key)["Body"].read()
+    assert object_key.endswith(".ndjson.gz")
     assert _lines(gzip.decompress(raw)) == events
 
 
 def test_compression_none_writes_plain_ndjson(make_s3: Callable[..., S3History], s3: Any) -> None:
     sink = make_s3(compression="none")
     sink.record([_event(T0)])
-    sink.read("job_1")  # read flushes first
-    (key,) = [item["Key"] for item in s3.list_objects_v2(Bucket=BUCKET)["Contents"]]
-    raw = s3.get_object(Bucket=BUCKET, Key=key)["Body"].read()
-    assert key.endswith(".ndjson")
+    sink.read(key("job_1"))  # read flushes first
+    (object_key,) = [item["Key"] for item in s3.list_objects_v2(Bucket=BUCKET)["Contents"]]
+    raw = s3.get_object(Bucket=BUCKET, Key=object_key)["Body"].read()
+    assert object_key.endswith(".ndjson")
     assert raw == _event(T0).model_dump_json().encode() + b"\n"
 
 
@@ -316,7 +316,7 @@ def test_record_never_raises_when_the_endpoint_is_down(make_s3: Callable[..., S3
     sink.record([_event(T0, n=n) for n in range(3)])
     sink.flush()
     with pytest.raises(StoreUnavailable) as raised:
-        sink.read("job_1")
+        sink.read(key("job_1"))
     assert raised.value.retryable
     sink.close()  # its last try fails too: the events are dropped and counted
     client.close()
@@ -331,7 +331,7 @@ def test_reading_a_missing_bucket_is_a_store_error_that_retrying_will_not_fix(
     sink = S3History(s3, "jobq-no-such-bucket", clock=ManualClock(T0))
     try:
         with pytest.raises(StoreError) as raised:
-            sink.read("job_1")
+            sink.read(key("job_1"))
     finally:
         sink.close()
     assert not raised.value.retryable
@@ -348,13 +348,13 @@ def test_read_starts_at_the_creation_hour_of_a_jobq_job_id(make_s3: Callable[...
     sink.record([planted, _event(T0 + 60_000, job=job, n=1), _event(T0 + 2 * HOUR_MS, job=job, n=2)])
     sink.record([_event(T0, job="job_other")])
     assert sink.reader.start_ms(job) == (T0 - CLOCK_SKEW_MS) - (T0 - CLOCK_SKEW_MS) % HOUR_MS
-    assert [e.attempt for e in sink.read(job)] == [1, 2]
+    assert [e.attempt for e in sink.read(key(job))] == [1, 2]
 
 
 def test_read_of_a_custom_job_id_looks_back_lookback_days(make_s3: Callable[..., S3History]) -> None:
     sink = make_s3(clock=ManualClock(T0), lookback_days=7)
     sink.record([_event(T0 - 10 * DAY_MS, job="billing-nightly", n=1), _event(T0 - DAY_MS, job="billing-nightly", n=2)])
-    assert [e.attempt for e in sink.read("billing-nightly")] == [2]
+    assert [e.attempt for e in sink.read(key("billing-nightly"))] == [2]
 
 
 def test_read_returns_oldest_first_across_objects_and_processes(make_s3: Callable[..., S3History]) -> None:
@@ -362,7 +362,7 @@ def test_read_returns_oldest_first_across_objects_and_processes(make_s3: Callabl
     late.record([_event(T0 + 2, n=3)])
     late.flush()  # the later event's object is written first
     early.record([_event(T0 + 1, n=2), _event(T0, n=1)])
-    assert [e.attempt for e in early.read("job_1")] == [1, 2, 3]
+    assert [e.attempt for e in early.read(key("job_1"))] == [1, 2, 3]
 
 
 def test_read_stops_listing_after_the_hour_that_completes_the_limit(make_s3: Callable[..., S3History], s3: Any) -> None:
@@ -371,9 +371,9 @@ def test_read_stops_listing_after_the_hour_that_completes_the_limit(make_s3: Cal
     for hour in range(3):
         sink.record([_event(HOUR + hour * HOUR_MS, n=hour)])
         sink.flush()
-    assert [e.attempt for e in sink.read("job_1", limit=1)] == [0]
+    assert [e.attempt for e in sink.read(key("job_1"), limit=1)] == [0]
     assert spy.count("get_object") == 1
-    assert [e.attempt for e in sink.read("job_1", limit=2)] == [0, 1]
+    assert [e.attempt for e in sink.read(key("job_1"), limit=2)] == [0, 1]
     assert spy.count("get_object") == 3
 
 
@@ -384,7 +384,7 @@ def test_a_scan_past_its_bound_raises_rather_than_run_on(make_s3: Callable[..., 
         sink.flush()
     sink.record([_event(T0 + 10)])
     with pytest.raises(StoreError, match="Athena"):
-        sink.read("job_1")
+        sink.read(key("job_1"))
 
 
 def test_job_created_ms_decodes_jobq_ids_and_nothing_else() -> None:
@@ -409,7 +409,7 @@ def test_records_from_many_threads_are_written_exactly_once(make_s3: Callable[..
     for thread in threads:
         thread.join()
     for t in range(8):
-        assert [e.attempt for e in sink.read(f"job_t{t}")] == list(range(50))
+        assert [e.attempt for e in sink.read(key(f"job_t{t}"))] == list(range(50))
 
 
 # --- S3: configuration ------------------------------------------------------------------------
@@ -470,7 +470,7 @@ def test_s3_urls_take_credentials_for_a_local_endpoint(
     sink = S3History.from_url(f"{url}&aws_access_key_id=testing&aws_secret_access_key=testing", clock=ManualClock(T0))
     try:
         sink.record([_event(T0)])
-        assert sink.read("job_1") == [_event(T0)]
+        assert sink.read(key("job_1")) == [_event(T0)]
     finally:
         sink.close()
 
@@ -489,7 +489,7 @@ def test_firehose_urls_take_credentials_for_a_local_endpoint(
     job = new_job_id(now_ms)
     try:
         sink.record([_event(now_ms, job=job)])
-        assert sink.read(job) == [_event(now_ms, job=job)]
+        assert sink.read(key(job)) == [_event(now_ms, job=job)]
     finally:
         sink.close()
 
@@ -542,7 +542,7 @@ def test_put_record_batch_resends_exactly_the_records_that_failed(
     sink.flush()
     first, second = (kwargs["Records"] for _, kwargs in spy.calls)
     assert [r["Data"] for r in second] == [first[1]["Data"], first[3]["Data"]]
-    assert sink.read(job) == events
+    assert sink.read(key(job)) == events
 
 
 def test_records_still_failing_after_the_retries_are_dropped_and_counted(
@@ -565,7 +565,7 @@ def test_records_still_failing_after_the_retries_are_dropped_and_counted(
     sink.flush()
     assert [len(kwargs["Records"]) for _, kwargs in spy.calls] == [2, 1, 1]
     assert METRICS.history_errors.value() == errors_before + 1
-    assert [e.job_id for e in sink.read("job_fine")] == ["job_fine"]
+    assert [e.job_id for e in sink.read(key("job_fine"))] == ["job_fine"]
 
 
 def test_a_call_that_fails_as_a_whole_keeps_its_events_for_the_next_flush(
@@ -585,7 +585,7 @@ def test_a_call_that_fails_as_a_whole_keeps_its_events_for_the_next_flush(
     sink.flush()
     sink.flush()
     assert spy.count("put_record_batch") == 2
-    assert [e.attempt for e in sink.read("job_1")] == [1]
+    assert [e.attempt for e in sink.read(key("job_1"))] == [1]
     assert METRICS.history_errors.value() == errors_before
 
 
@@ -595,7 +595,7 @@ def test_501_records_take_two_calls(make_firehose: Callable[..., FirehoseHistory
     sink.record([_event(T0 + n, n=n) for n in range(501)])
     sink.flush()
     assert [len(kwargs["Records"]) for _, kwargs in spy.calls] == [500, 1]
-    assert [e.attempt for e in sink.read("job_1")] == list(range(501))
+    assert [e.attempt for e in sink.read(key("job_1"))] == list(range(501))
 
 
 def test_events_are_packed_into_records_of_at_most_record_bytes(
@@ -636,7 +636,7 @@ def test_an_event_too_large_for_a_record_keeps_a_truncated_error(
     ((_, kwargs),) = spy.calls
     (data,) = [r["Data"] for r in kwargs["Records"]]
     assert len(data) <= MAX_RECORD_BYTES
-    (event,) = sink.read("job_1")
+    (event,) = sink.read(key("job_1"))
     assert event.error is not None and event.error.endswith("too large for a Firehose record]")
 
 
@@ -644,7 +644,7 @@ def test_firehose_read_without_its_s3_destination_is_a_config_error(firehose: An
     sink = FirehoseHistory(firehose, STREAM)
     try:
         with pytest.raises(ConfigError, match="s3=s3://"):
-            sink.read("job_1")
+            sink.read(key("job_1"))
     finally:
         sink.close()
 

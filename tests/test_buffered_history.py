@@ -6,7 +6,7 @@ import threading
 import time
 from collections.abc import Sequence
 
-from factories import T0
+from factories import T0, key
 
 from jobq.history.buffered import BufferedHistory
 from jobq.history.memory import MemoryHistory
@@ -71,7 +71,7 @@ def test_a_batch_the_inner_sink_fails_on_is_dropped_and_counted() -> None:
     sink.flush()
     inner.failing = False
     sink.record([_event(3)])
-    assert [e.attempt for e in sink.read("job_1")] == [3]
+    assert [e.attempt for e in sink.read(key("job_1"))] == [3]
     assert METRICS.history_errors.value() == errors_before + 2
     sink.close()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -240,3 +241,58 @@ def test_a_config_error_never_prints_the_url_password() -> None:
     result = CliRunner().invoke(cli, ["list", "--store", "mysql://jobq:hunter2@db.internal/jobs"])
     assert result.exit_code == 2
     assert "hunter2" not in result.output and "mysql://jobq:***@db.internal/jobs" in result.output
+
+
+# -- tenants and records that do not decode -------------------------------------------------------
+
+
+def test_job_commands_take_a_tenant_or_a_tenant_prefixed_id(run, h: Harness) -> None:  # type: ignore[no-untyped-def]
+    for tenant in ("acme", "globex"):
+        result = run("schedule", "t.echo", "--cron", "0 2 1 * *", "--job-id", "nightly", "--tenant", tenant)
+        assert result.exit_code == 0, result.output
+        assert f"scheduled {tenant}/nightly " in result.output
+    assert "nightly" in run("status", "nightly", "--tenant", "acme").output
+    assert json.loads(run("status", "acme/nightly", "--json").output)["tenant_id"] == "acme"
+    assert run("cancel", "acme/nightly").exit_code == 0
+    assert json.loads(run("status", "nightly", "--tenant", "acme", "--json").output)["job_status"] == "CANCELLED"
+    assert json.loads(run("status", "globex/nightly", "--json").output)["job_status"] == "ACTIVE"
+    listed = run("list", "--json").output
+    assert sorted((j["tenant_id"], j["job_status"]) for j in json.loads(listed)["jobs"]) == [
+        ("acme", "CANCELLED"),
+        ("globex", "ACTIVE"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("status", "nightly"), "no job 'nightly'"),  # the tenant `default` has none
+        (("status", "acme/nightly", "--tenant", "globex"), "names tenant 'acme', but --tenant is 'globex'"),
+        (("status", "/nightly"), "is not a job id"),
+    ],
+)
+def test_a_job_reference_that_names_no_job_is_exit_2(run, h: Harness, args: tuple[str, ...], message: str) -> None:  # type: ignore[no-untyped-def]
+    run("schedule", "t.echo", "--cron", "0 2 1 * *", "--job-id", "nightly", "--tenant", "acme")
+    result = run(*args)
+    assert result.exit_code == 2
+    assert message in result.output and "Traceback" not in result.output
+
+
+def test_list_status_and_cancel_work_on_a_job_whose_record_does_not_decode(  # type: ignore[no-untyped-def]
+    run, h: Harness, tmp_path: Path
+) -> None:
+    assert run("schedule", "t.echo", "--cron", "*/2 * * * * *", "--job-id", "poison").exit_code == 0
+    db = sqlite3.connect(tmp_path / "jobq.db")  # as an older version or a bug could have left it
+    with db:
+        db.execute("UPDATE jobq_jobs SET doc = json_set(doc, '$.retry.max_retries', -1) WHERE job_id = 'poison'")
+    db.close()
+    listed = run("list")
+    assert listed.exit_code == 0, listed.output
+    assert "poison" in listed.output and "corrupt: retry.max_retries" in listed.output
+    status = run("status", "poison")
+    assert status.exit_code == 0, status.output
+    assert "corrupt" in status.output and "max_retries" in status.output
+    cancelled = run("cancel", "poison")
+    assert cancelled.exit_code == 0, cancelled.output
+    assert json.loads(run("status", "poison", "--json").output)["job_status"] == "CANCELLED"
+    assert {r.state for r in h.client.runs("poison").items} == {RunState.CANCELLED}

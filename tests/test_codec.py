@@ -52,6 +52,7 @@ envelopes = st.builds(
     attempt=st.integers(1, 1001),
     payload=json_values,
     trace=st.none() | st.text(min_size=1, max_size=60),
+    tenant_id=st.just("default") | st.from_regex(r"[A-Za-z0-9_.\-]{1,128}", fullmatch=True),
 )
 
 
@@ -86,6 +87,15 @@ def test_encoded_envelope_holds_the_design_fields() -> None:
         "attempt": 1,
         "trace": "00-abc-01",
     }
+
+
+def test_the_tenant_travels_with_the_envelope_and_default_is_left_out() -> None:
+    theirs = envelope(run_id="acme/job_9847291048:1790834400000", tenant_id="acme")
+    doc = json.loads(encode(theirs))
+    assert doc["tenant_id"] == "acme"
+    assert decode(encode(theirs)).job_key == ("acme", "job_9847291048")
+    assert "tenant_id" not in json.loads(encode(envelope()))  # messages of `default` are as they were
+    assert decode(encode(envelope())).tenant_id == "default"
 
 
 def test_small_payload_is_inlined() -> None:

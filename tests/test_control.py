@@ -10,7 +10,7 @@ import pytest
 from harness import Harness
 
 from jobq.clock import ManualClock
-from jobq.models import JobStatus, RetryPolicy, RunState
+from jobq.models import JobKey, JobStatus, RetryPolicy, RunState
 from jobq.ports import RunQuery
 
 
@@ -22,7 +22,7 @@ def h(request: pytest.FixtureRequest, tmp_path: Path, clock: ManualClock) -> Ite
 
 
 def _runs(h: Harness, job_id: str) -> list[tuple[RunState, int]]:
-    runs = h.d.store.list_runs(RunQuery(job_id=job_id, limit=1000)).items
+    runs = h.d.store.list_runs(RunQuery(job=JobKey("default", job_id), limit=1000)).items
     return [(r.state, r.nominal_ms) for r in sorted(runs, key=lambda r: r.nominal_ms)]
 
 

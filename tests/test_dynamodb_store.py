@@ -19,13 +19,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from factories import T0, make_job, make_run
+from factories import T0, key, make_job, make_run
 from moto_server import ACCESS_KEY, REGION, SECRET_KEY, MotoServer, moto  # noqa: F401 - the fixture
 from services import free_port, have_binary
 
 from jobq.dynamodb import DynamoConfig, render_definition, table_definition
 from jobq.errors import ConfigError, DuplicateJob, IdempotencyConflict, StoreError, StoreUnavailable
-from jobq.models import IdempotencyRecord, JobStatus, Priority, Run, RunState, Transition
+from jobq.models import RUN_FIELDS as STORED_RUN_FIELDS
+from jobq.models import IdempotencyRecord, JobStatus, Priority, RunState, Transition
 from jobq.ports import JobQuery, RunQuery
 from jobq.store.dynamodb import DynamoStore
 from jobq.store.dynamodb_items import RUN_FIELDS, shard_of
@@ -153,12 +154,12 @@ def test_a_run_lives_in_its_jobs_partition_with_every_field_as_an_attribute(stor
 
 
 def test_every_run_field_has_a_stored_form() -> None:
-    assert set(Run.model_fields) == RUN_FIELDS  # a new field must be taught to the item codec
+    assert set(STORED_RUN_FIELDS) == RUN_FIELDS  # a new field must be taught to the item codec
 
 
 def test_run_keys_sort_by_nominal_time_whatever_the_number_of_digits(store: DynamoStore) -> None:
     store.add_runs([make_run("job_1", n) for n in (9, 10, 1_000_000)])
-    page = store.list_runs(RunQuery(job_id="job_1"))
+    page = store.list_runs(RunQuery(job=key("job_1")))
     assert [r.nominal_ms for r in page.items] == [1_000_000, 10, 9]
 
 
@@ -244,7 +245,7 @@ def test_a_job_is_due_only_while_active_with_a_next_fire(store: DynamoStore) -> 
     shard = shard_of("job_1")
     store.create_job(make_job("job_1", next_fire_ms=T0), [make_run("job_1", state=S.RUNNING, fence=1)])
     assert gsi(store, "GSI2", f"DUE#{shard}") == ["JOB#job_1/META"]
-    job = store.get_jobs(["job_1"])["job_1"]
+    job = store.get_jobs([key("job_1")])[key("job_1")]
     paused = store.update_job(job.model_copy(update={"status": JobStatus.PAUSED}))
     assert gsi(store, "GSI2", f"DUE#{shard}") == []
     store.update_job(paused.model_copy(update={"status": JobStatus.ACTIVE}))
@@ -252,7 +253,7 @@ def test_a_job_is_due_only_while_active_with_a_next_fire(store: DynamoStore) -> 
     done = Transition(f"job_1:{T0}", frozenset({S.RUNNING}), S.SUCCEEDED, 1, job_status=JobStatus.COMPLETED)
     store.transition([done])
     assert gsi(store, "GSI2", f"DUE#{shard}") == []
-    assert store.get_jobs(["job_1"])["job_1"].status is JobStatus.COMPLETED
+    assert store.get_jobs([key("job_1")])[key("job_1")].status is JobStatus.COMPLETED
 
 
 # -- fan-out and batching -----------------------------------------------------------------------
@@ -553,3 +554,44 @@ def test_the_cloudformation_template_passes_cfn_lint(tmp_path: Path) -> None:
 def test_an_unknown_definition_format_is_a_config_error() -> None:
     with pytest.raises(ConfigError):
         render_definition("jobq-prod", "yaml")  # type: ignore[arg-type]
+
+
+# -- tables written before job ids were scoped by tenant ---------------------------------------
+
+
+def _legacy(store: DynamoStore, job_id: str, tenant: str, runs: list[Any]) -> None:
+    """What the previous version wrote: the job at JOB#<job_id> and its runs named job_id:ms,
+    whatever the tenant (built as `default`'s items, then given the tenant)."""
+    from jobq.store.dynamodb_items import as_s, job_item, run_item
+
+    job = make_job(job_id, last_run_id=runs[-1].run_id if runs else None)
+    items = [job_item(job), *(run_item(r) for r in runs)]
+    for item in items:
+        item["tenant_id"] = as_s(tenant)
+    items[0]["GSI3PK"] = as_s(f"JOBS#{tenant}#{shard_of(job_id)}")
+    items[0]["doc"] = as_s(job.model_copy(update={"tenant_id": tenant}).model_dump_json())
+    for item in items:
+        store.table.call("put_item", TableName=store.table.name, Item=item)
+
+
+def test_jobq_init_moves_jobs_of_other_tenants_to_their_tenant_scoped_keys(store: DynamoStore) -> None:
+    from jobq.store.dynamodb_upgrade import move_legacy_jobs
+
+    leased = {"state": S.RUNNING, "fence": 3, "lease_owner": "w", "lease_expires_ms": T0 - 5}
+    runs = [make_run("report", T0, **leased), make_run("report", T0 + 1000, prev_run_id=f"report:{T0}")]
+    _legacy(store, "report", "acme", runs)
+    _legacy(store, "nightly", "default", [make_run("nightly", T0)])
+    assert store.get_jobs([key("report", "acme")]) == {}  # not where this version looks
+    assert move_legacy_jobs(store) == 1
+    job = store.get_jobs([key("report", "acme")])[key("report", "acme")]
+    assert (job.tenant_id, job.last_run_id) == ("acme", f"acme/report:{T0 + 1000}")
+    moved = store.list_runs(RunQuery(job=key("report", "acme"))).items
+    assert [(r.run_id, r.prev_run_id) for r in moved] == [
+        (f"acme/report:{T0 + 1000}", f"acme/report:{T0}"),
+        (f"acme/report:{T0}", None),
+    ]
+    assert [r.run_id for r in store.expired_leases(T0, 10)] == [f"acme/report:{T0}"]  # GSI1, new shard
+    assert [r.run_id for r in store.overdue_runs(T0 + 1000, 10)] == [f"nightly:{T0}", f"acme/report:{T0 + 1000}"]
+    assert raw(store, "JOB#report", "META") == {} and raw(store, "JOB#report", run_sk(T0)) == {}
+    assert set(store.get_jobs([key("nightly")])) == {key("nightly")}  # `default` keeps its keys
+    assert move_legacy_jobs(store) == 0

@@ -17,7 +17,7 @@ from test_e2e_processes import TASKS, _effects
 
 from jobq.client import Client
 from jobq.deployment import Deployment
-from jobq.models import Priority, RunState, TaskTarget
+from jobq.models import JobKey, JobStatus, Priority, RunState, TaskTarget
 from jobq.ports import RunQuery
 from jobq.settings import Settings
 from jobq.submission import JobSpec
@@ -262,3 +262,47 @@ def test_a_store_outage_during_completion_loses_no_outcome(workdir: Path) -> Non
         for cleanup in self_hosted_cleanups(tag)[:1]:
             cleanup()
     assert all(code == 0 for code in codes.values()), (codes, procs.logs())
+
+
+def test_a_job_row_that_does_not_decode_never_stops_the_healthy_cron_job_beside_it(workdir: Path) -> None:
+    """Issue 9 item 1: a job stored with `max_retries: -1` stopped every beat, scanner and reaper
+    pass, and a valid `*/1 * * * * *` job beside it ran 0 times. Now the daemons quarantine it once
+    and go on."""
+    store = f"sqlite:///{workdir / 'jobq.db'}"
+    d = connect(Settings.load({"store": store, "history_flush_s": 0}, env={}))
+    procs = Processes(workdir, {"JOBQ_STORE": store, "E2E_EFFECTS": str(workdir / "effects.db")})
+    try:
+        client = Client(d)
+        every_second = {"schedule_type": "CRON", "cron_expression": "*/1 * * * * *"}
+        for job_id in ("poison", "healthy"):
+            client.submit(
+                JobSpec.model_validate({"job_id": job_id, "target": TaskTarget(task="e2e.record"), **every_second})
+            )
+        raw = sqlite3.connect(workdir / "jobq.db")  # as an older version, a hand edit or a bug left it
+        with raw:
+            raw.execute("UPDATE jobq_jobs SET doc = json_set(doc, '$.retry.max_retries', -1) WHERE job_id = 'poison'")
+        raw.close()
+        assert client.job("poison").corrupt is not None
+        for name in ("beat", "scanner", "reaper"):
+            procs.start(name, name)
+        procs.start("worker", "worker", "-A", "e2e_tasks", "-c", "4")
+
+        def healthy_runs() -> int:
+            return sum(run_id.startswith("healthy:") for run_id, *_ in _effects(workdir))
+
+        wait_until(lambda: healthy_runs() >= 8, 60, "the healthy cron job to run 8 times")
+        wait_until(lambda: client.job("poison").status is JobStatus.QUARANTINED, 30, "the poison job's quarantine")
+        started = healthy_runs()
+        time.sleep(3)
+        assert healthy_runs() >= started + 2, "the healthy job goes on running"
+        assert not [run_id for run_id, *_ in _effects(workdir) if run_id.startswith("poison:")]
+        poison_runs = d.store.list_runs(RunQuery(job=JobKey("default", "poison"), limit=1000)).items
+        assert poison_runs and all(r.state is RunState.FAILED and r.dead_letter for r in poison_runs)
+        assert all((r.last_error or "").startswith("Corrupt: ") for r in poison_runs)
+    finally:
+        codes = procs.stop_all()
+        d.close()
+    assert all(code == 0 for code in codes.values()), (codes, procs.logs())
+    logs = "".join(procs.log(name) for name in procs.procs)
+    assert logs.count("quarantined job poison:") == 1, procs.logs()
+    assert "pass failed" not in logs, procs.logs()

@@ -12,6 +12,7 @@ from jobq.models import (
     PRIORITIES_BY_RANK,
     TERMINAL_STATES,
     TRANSITIONS,
+    JobKey,
     Priority,
     RetryPolicy,
     Run,
@@ -191,14 +192,40 @@ def test_each_priority_has_its_own_queue(priority: Priority, queue: str) -> None
 # --------------------------------------------------------------------------------------------
 
 
-def test_run_id_is_job_id_colon_nominal_ms() -> None:
-    assert Run.make_id("job_9847291048", 1_790_834_400_000) == "job_9847291048:1790834400000"
+def test_run_id_of_the_default_tenant_is_job_id_colon_nominal_ms() -> None:
+    assert Run.make_id(JobKey("default", "job_9847291048"), 1_790_834_400_000) == "job_9847291048:1790834400000"
 
 
-def test_run_id_is_the_same_for_the_same_fire() -> None:
-    assert Run.make_id("job_1", 5) == Run.make_id("job_1", 5)
-    assert Run.make_id("job_1", 5) != Run.make_id("job_1", 6)
-    assert Run.make_id("job_1", 5) != Run.make_id("job_2", 5)
+def test_run_id_of_another_tenant_leads_with_the_tenant() -> None:
+    assert Run.make_id(JobKey("acme", "job_1"), 5) == "acme/job_1:5"
+
+
+def test_run_id_is_the_same_for_the_same_fire_and_differs_across_tenants() -> None:
+    one = JobKey("default", "job_1")
+    assert Run.make_id(one, 5) == Run.make_id(one, 5)
+    assert Run.make_id(one, 5) != Run.make_id(one, 6)
+    assert Run.make_id(one, 5) != Run.make_id(JobKey("default", "job_2"), 5)
+    assert Run.make_id(one, 5) != Run.make_id(JobKey("acme", "job_1"), 5)
+
+
+@pytest.mark.parametrize(
+    ("key", "nominal_ms"),
+    [(JobKey("default", "job_1"), 0), (JobKey("acme", "job.x-1"), 1_790_834_400_000), (JobKey("t_1", "a"), 7)],
+)
+def test_a_run_id_parses_back_into_its_job_key_and_fire_time(key: JobKey, nominal_ms: int) -> None:
+    assert Run.parse_id(Run.make_id(key, nominal_ms)) == (key, nominal_ms)
+
+
+@pytest.mark.parametrize("run_id", ["job_1", "job_1:", ":5", "job_1:05", "job_1:x", "/job_1:5", "acme/:5"])
+def test_a_string_not_made_by_make_id_does_not_parse(run_id: str) -> None:
+    assert Run.parse_id(run_id) is None
+
+
+def test_a_job_key_prints_and_parses_as_the_cli_writes_it() -> None:
+    assert (str(JobKey("default", "job_1")), str(JobKey("acme", "job_1"))) == ("job_1", "acme/job_1")
+    assert JobKey.parse("job_1") == JobKey("default", "job_1")
+    assert JobKey.parse("job_1", "acme") == JobKey("acme", "job_1")
+    assert JobKey.parse("globex/job_1", "acme") == JobKey("globex", "job_1")
 
 
 # --------------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from factories import key
 from harness import Harness
 
 from jobq.clock import ManualClock
@@ -27,7 +28,7 @@ def h(request: pytest.FixtureRequest, tmp_path: Path, clock: ManualClock) -> Ite
 
 
 def _states(h: Harness, job_id: str) -> list[str]:
-    runs = h.d.store.list_runs(RunQuery(job_id=job_id, limit=1000)).items
+    runs = h.d.store.list_runs(RunQuery(job=key(job_id), limit=1000)).items
     return [r.state.value for r in sorted(runs, key=lambda r: r.nominal_ms)]
 
 

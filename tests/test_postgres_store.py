@@ -19,7 +19,7 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
-from factories import T0, make_job, make_run
+from factories import T0, key, make_job, make_run
 from harness import Harness
 from services import free_port, require_postgres
 
@@ -28,7 +28,7 @@ from jobq.deployment import Deployment
 from jobq.errors import ConfigError, DuplicateJob, JobqError, StoreError, StoreUnavailable
 from jobq.metrics import METRICS
 from jobq.models import IdempotencyRecord, JobStatus, Priority, RunEvent, RunState, Transition
-from jobq.ports import ClaimingIndex, IndexEntry
+from jobq.ports import ClaimingIndex, IndexEntry, RunQuery
 from jobq.settings import Settings
 from jobq.transport.memory import MemoryTransport
 
@@ -243,7 +243,7 @@ class TestStore:
         )
         [run] = store.transition([t])
         assert run is not None and run.state is S.SUCCEEDED
-        job = store.get_jobs(["job_1"])["job_1"]
+        job = store.get_jobs([key("job_1")])[key("job_1")]
         assert (job.status, job.version, job.updated_ms) == (JobStatus.COMPLETED, 1, T0 + 5)
         [row] = execute(store, "SELECT status, version FROM {jobs} WHERE job_id = 'job_1'")
         assert (row["status"], row["version"]) == ("COMPLETED", 1)  # the columns match the document
@@ -261,9 +261,9 @@ class TestStore:
             ]
         )
         assert out[0] is not None and out[1] is None
-        jobs = store.get_jobs(["job_p", "job_a"])
-        assert (jobs["job_p"].status, jobs["job_p"].version) == (JobStatus.PAUSED, 0)
-        assert (jobs["job_a"].status, jobs["job_a"].version) == (JobStatus.ACTIVE, 0)
+        jobs = store.get_jobs([key("job_p"), key("job_a")])
+        assert (jobs[key("job_p")].status, jobs[key("job_p")].version) == (JobStatus.PAUSED, 0)
+        assert (jobs[key("job_a")].status, jobs[key("job_a")].version) == (JobStatus.ACTIVE, 0)
 
     def test_batches_touching_the_same_runs_in_opposite_orders_do_not_deadlock(self, store: PostgresStore) -> None:
         runs = due_runs(20, state=S.RUNNING)
@@ -378,7 +378,7 @@ class TestStore:
         first.register_worker("w1", ["t.a"], ["default"], T0)
         first.close()
         second = open_store(url)
-        assert second.get_jobs(["job_1"])["job_1"].payload == {"big": 2**60, "s": "é"}
+        assert second.get_jobs([key("job_1")])[key("job_1")].payload == {"big": 2**60, "s": "é"}
         assert set(second.get_runs([f"job_1:{T0}"])) == {f"job_1:{T0}"}
         assert second.known_tasks() == {"t.a"}
         assert second.migrate() == []
@@ -506,11 +506,11 @@ class TestHistory:
         ]
         history.record([mine[0], event("job_2", "STARTED", T0), *mine[1:]])
         history.record([])
-        assert history.read("job_1") == mine
-        assert history.read("job_1", limit=2) == mine[:2]
-        assert history.read("job_3") == []
+        assert history.read(key("job_1")) == mine
+        assert history.read(key("job_1"), limit=2) == mine[:2]
+        assert history.read(key("job_3")) == []
         history.close()
-        assert store.get_jobs(["job_1"]) == {}  # the shared pool is still open: the sink did not own it
+        assert store.get_jobs([key("job_1")]) == {}  # the shared pool is still open: the sink did not own it
 
     def test_a_failed_write_is_logged_and_counted_never_raised(
         self, schema_url: Callable[..., str], caplog: pytest.LogCaptureFixture
@@ -522,7 +522,7 @@ class TestHistory:
         assert METRICS.history_errors.value() == before + 1
         assert "history write failed" in caplog.text
         with pytest.raises(StoreUnavailable, match="closed"):
-            history.read("job_1")
+            history.read(key("job_1"))
 
 
 # -- configuration and errors ----------------------------------------------------------------------
@@ -594,7 +594,7 @@ class TestErrors:
         store = PostgresStore.from_url(schema_url())
         store.close()
         with pytest.raises(StoreUnavailable, match="closed"):
-            store.get_jobs(["job_1"])
+            store.get_jobs([key("job_1")])
 
     def test_a_schema_dropped_under_a_live_store_asks_for_jobq_init(self, dsn: str, store: PostgresStore) -> None:
         with psycopg.connect(dsn, autocommit=True) as conn:
@@ -610,7 +610,7 @@ class TestErrors:
         with pytest.raises(StoreError) as caught:
             store.create_job(make_job("job_2", name="nul\x00byte"), [])
         assert isinstance(caught.value, JobqError) and not isinstance(caught.value, psycopg.Error)
-        assert store.get_jobs(["job_2"]) == {}
+        assert store.get_jobs([key("job_2")]) == {}
 
 
 # -- the whole lifecycle on PostgreSQL -------------------------------------------------------------
@@ -669,3 +669,39 @@ def test_jobq_init_upgrades_an_outdated_schema_that_the_store_refuses(schema_url
     again = CliRunner().invoke(cli, ["init", "--store", url])
     assert "already up to date" in again.output
     PostgresStore.from_url(url).close()
+
+
+def test_migration_4_keys_jobs_by_tenant_and_keeps_the_data_of_schema_3(schema_url: Callable[..., str]) -> None:
+    """A schema of the previous version (migrations 1-3, jobs keyed by job id alone) with its data:
+    `jobq init` keys jobs by (tenant, job id), and the jobs and runs written before stay readable."""
+    url = schema_url()
+    old = PostgresStore.from_url(f"{url}&migrate=never", check_schema=False)
+    try:
+        for migration in migrations()[:3]:
+            old.db.run(lambda conn, m=migration: old.db._apply(conn, m))
+        for tenant, job_id in (("default", "nightly"), ("acme", "report")):
+            job = make_job(job_id, tenant_id=tenant)
+            row = [job.job_id, tenant, job.name, "ACTIVE", 2, T0, 0, job.model_dump_json()]
+            execute(old, "INSERT INTO {jobs} VALUES (%s, %s, %s, %s, %s, %s, %s, %s::jsonb)", row)
+            # The previous version named runs job_id:ms whatever the tenant; those ids stay valid.
+            run = [f"{job_id}:{T0}", job_id, tenant, T0, T0, 2, "SCHEDULED", 1, 0, 0]
+            columns = "run_id, job_id, tenant_id, nominal_ms, due_ms, priority, state, attempt, fence, version"
+            values = ", ".join(["%s"] * len(run))
+            execute(old, f"INSERT INTO {{runs}} ({columns}, created_ms, updated_ms) VALUES ({values}, 0, 0)", run)
+        with pytest.raises(ConfigError, match="run `jobq init`"):
+            PostgresStore.from_url(url)
+        assert old.migrate() == [4]
+    finally:
+        old.close()
+    store = PostgresStore.from_url(url)
+    try:
+        jobs = store.get_jobs([key("nightly"), key("report", "acme"), key("report")])
+        assert set(jobs) == {key("nightly"), key("report", "acme")}
+        assert [r.run_id for r in store.list_runs(RunQuery(job=key("report", "acme"))).items] == [f"report:{T0}"]
+        assert store.run_counts(key("report", "acme")) == {S.SCHEDULED: 1}
+        assert store.create_job(make_job("report"), [make_run("report", T0 + 1)]).created  # now free in `default`
+        with pytest.raises(DuplicateJob):
+            store.create_job(make_job("report", tenant_id="acme"), [])
+        assert store.set_job_status(key("nightly"), JobStatus.QUARANTINED, frozenset({JobStatus.ACTIVE}), T0)
+    finally:
+        store.close()

@@ -262,6 +262,10 @@ class TestMembers:
             "job_81m8kgzfepze1pcj15qwbw256f:1790000000000",  # 130 bits: does not fit 16 bytes
             "job_01m8kgzfepze1pcj15qwbw256f:999999999999999",  # fire time beyond 48 bits
             "Zürich:täglich:日本:🙂",
+            "acme/job_01m8kgzfepze1pcj15qwbw256f:1790000000000",
+            "acme/job_x:1",  # another tenant's custom job id: verbatim
+            "a/b/job_01m8kgzfepze1pcj15qwbw256f:1",
+            "/job_01m8kgzfepze1pcj15qwbw256f:1",
             ":::",
             "",
         ],
@@ -286,6 +290,23 @@ class TestMembers:
     @given(st.from_regex(r"job_[0-7][0-9a-hjkmnp-tv-z]{25}:(0|[1-9][0-9]{0,14})", fullmatch=True))
     def test_any_canonical_id_survives_encoding(self, run_id: str) -> None:
         assert decode_member(encode_member(run_id)) == run_id
+
+    @given(
+        st.from_regex(r"[A-Za-z0-9_.\-]{1,128}/job_[0-7][0-9a-hjkmnp-tv-z]{25}:(0|[1-9][0-9]{0,14})", fullmatch=True)
+    )
+    def test_any_run_id_of_another_tenant_survives_encoding(self, run_id: str) -> None:
+        assert decode_member(encode_member(run_id)) == run_id
+
+    def test_runs_of_tenants_other_than_default_take_3_bytes_and_the_tenant_more(self) -> None:
+        for tenant in ("acme", "t" * 128, "a.b-c_9"):
+            run_id = f"{tenant}/{new_job_id(random.randrange(2**45))}:{random.randrange(2**48)}"
+            assert len(encode_member(run_id)) == 22 + 3 + len(tenant)
+            assert decode_member(encode_member(run_id)) == run_id
+        # a job id whose first byte is 0xFF cannot be compact alone, but can be behind a tenant
+        top = f"job_7{'z' * 25}:5"
+        assert encode_member(top)[0] == 0xFF and len(encode_member(top)) == 1 + len(top)
+        assert len(encode_member(f"acme/{top}")) == 22 + 3 + 4
+        assert decode_member(encode_member(f"acme/{top}")) == f"acme/{top}"
 
     def test_ids_with_unicode_and_colons_come_back_from_the_server(
         self, make_index: Callable[..., RedisTimeIndex]

@@ -2,11 +2,14 @@
 
 Handlers are plain `def`s (FastAPI runs them in its thread pool) because the `Client` and the
 stores block. Every tenant-scoped call goes through `Client(d, tenant_id=...)`, so another
-tenant's job or run is `404`, exactly as if it did not exist.
+tenant's job or run is `404`, exactly as if it did not exist. Job ids are scoped by tenant: a
+`{job_id}` in a path is the token's tenant's job of that id, and creating a job whose id another
+tenant uses creates this tenant's own job (nothing tells one tenant what ids another holds).
 
 Actions are `POST /v1/jobs/{job_id}:cancel` (and `:pause`, `:resume`, `:trigger`, and
 `POST /v1/dlq/{run_id}:redrive`): the path converters below match ids that cannot contain a
-colon (job ids) or end in one colon and digits (run ids), so `{id}:{action}` splits one way only.
+colon (job ids) or end in one colon and digits (run ids, `job_id:ms` or `tenant/job_id:ms`), so
+`{id}:{action}` splits one way only.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from jobq.bounds import Text
 from jobq.client import Client
 from jobq.errors import Conflict
 from jobq.metrics import METRICS
-from jobq.models import Job, JobStatus, Priority, RunEvent, TaskTarget, WebhookTarget
+from jobq.models import Job, JobKey, JobStatus, Priority, RunEvent, TaskTarget, WebhookTarget
 from jobq.ports import JobQuery, Page
 from jobq.submission import IDEMPOTENCY_KEY_PATTERN, JOB_ID_PATTERN, JobSpec
 from jobq.views import event_resource, iso, job_resource, job_summary, run_resource
@@ -49,7 +52,9 @@ T = TypeVar("T")
 log = logging.getLogger("jobq.api")
 
 _JOB_ID = JOB_ID_PATTERN.removeprefix("^").removesuffix("$")
-RUN_ID_PATTERN = f"^{_JOB_ID}:[0-9]{{1,19}}$"
+_TENANT = r"[A-Za-z0-9_.\-]{1,128}"  # as JobSpec.tenant_id
+_RUN_ID = f"(?:{_TENANT}/)?{_JOB_ID}:[0-9]{{1,19}}"  # Run.make_id: tenants other than `default` lead
+RUN_ID_PATTERN = f"^{_RUN_ID}$"
 HISTORY_LIMIT = 10_000  # events read per runs page; see docs/api.md on very long-lived cron jobs
 _OUTCOMES = frozenset({"SUCCEEDED", "RETRYING", "FAILED", "RECLAIMED", "CANCELLED"})
 
@@ -65,7 +70,7 @@ class _JobIdConvertor(Convertor[str]):
 
 
 class _RunIdConvertor(_JobIdConvertor):
-    regex = f"{_JOB_ID}:[0-9]{{1,19}}"
+    regex = _RUN_ID
 
 
 register_url_convertor("jobq_job_id", _JobIdConvertor())
@@ -73,7 +78,13 @@ register_url_convertor("jobq_run_id", _RunIdConvertor())
 
 State = Annotated[ApiState, Depends(api_state)]
 JobId = Annotated[str, Path(pattern=JOB_ID_PATTERN, description="A job id, e.g. `job_01k...`.")]
-RunId = Annotated[str, Path(pattern=RUN_ID_PATTERN, description="`<job_id>:<nominal fire time, epoch ms>`.")]
+RunId = Annotated[
+    str,
+    Path(
+        pattern=RUN_ID_PATTERN,
+        description="`<job_id>:<nominal fire time, epoch ms>`, led by `<tenant>/` for tenants other than `default`.",
+    ),
+]
 Cursor = Annotated[Text | None, Query(max_length=512, description="`next_cursor` of the previous page.")]
 Limit = Annotated[int, Query(ge=1, le=500)]
 
@@ -344,7 +355,7 @@ def readyz(state: State) -> dict[str, Any]:
     """200 when the store answers a read and the broker a queue depth; else 503."""
     d = state.deployment
     checks: dict[str, Callable[[], object]] = {
-        "store": lambda: d.store.get_jobs(["readyz-probe"]),
+        "store": lambda: d.store.get_jobs([JobKey("default", "readyz-probe")]),
         "transport": lambda: d.transport.depth("critical"),
     }
     for name, check in checks.items():

@@ -70,13 +70,25 @@ class RunResource(BaseModel):
     last_error: str | None
     dead_letter: bool
     result: Any = Field(description="A webhook's `{status, body}` or a task's return value.")
+    corrupt: str | None = Field(
+        default=None,
+        description="Set when the stored run does not decode: what is wrong. Only the fields that decode are shown.",
+    )
 
 
 class JobSummary(BaseModel):
     job_id: str
     tenant_id: str
     job_name: str
-    job_status: str
+    job_status: str = Field(description="`ACTIVE`, `PAUSED`, `COMPLETED`, `CANCELLED` or `QUARANTINED`.")
+    status_reason: str | None = Field(
+        default=None, description="Why a daemon set the status: for `QUARANTINED`, what could not be decoded."
+    )
+    corrupt: str | None = Field(
+        default=None,
+        description="Set when the stored job does not decode: what is wrong. Fields that do not decode show "
+        "placeholders (task `jobq.corrupt`, a `ONE_OFF` schedule without a time); it can still be cancelled.",
+    )
     schedule_type: str
     cron_expression: str | None = Field(description=CRON_EXPRESSION)
     cron_source: str | None = Field(default=None, description=CRON_SOURCE)

@@ -3,12 +3,14 @@
 A CLAIMED or DISPATCHED run goes back to SCHEDULED as it was (it never started). An expired
 RUNNING lease means the worker died or hung: it counts as a failed attempt, retried with
 backoff or dead-lettered. The compare-and-set names the version it read, so a heartbeat that
-renews the lease in the meantime wins.
+renews the lease in the meantime wins. A run whose record does not decode, or whose job's does
+not, is dead-lettered as Corrupt instead (`jobq.daemons.quarantine`).
 """
 
 from __future__ import annotations
 
 from jobq.daemons.base import Daemon, event
+from jobq.daemons.quarantine import Quarantine, needs_quarantine, quarantine_reason
 from jobq.deployment import Deployment
 from jobq.logs import run_fields
 from jobq.metrics import METRICS
@@ -25,6 +27,7 @@ class Reaper(Daemon):
         self.interval_s = self.settings.reaper_interval_s
         self.batch = batch
         self._full = False
+        self.quarantine = Quarantine(deployment, self.log)
 
     def busy(self, done: int) -> bool:
         return self._full
@@ -34,8 +37,16 @@ class Reaper(Daemon):
         self._full = len(expired) == self.batch
         if not expired:
             return 0
-        jobs = self.store.get_jobs(list({r.job_id for r in expired if r.state is RunState.RUNNING}))
-        moves = [self._reclaim(run, jobs.get(run.job_id), now_ms) for run in expired]
+        corrupt = [r for r in expired if r.corrupt is not None]
+        expired = [r for r in expired if r.corrupt is None]
+        jobs = self.store.get_jobs(list({r.job_key for r in expired if r.state is RunState.RUNNING}))
+        bad = [(j, quarantine_reason(j)) for j in jobs.values() if needs_quarantine(j)]
+        set_aside = self.quarantine.runs(corrupt, now_ms) + self.quarantine.jobs(bad, now_ms)
+        if bad:
+            expired = [r for r in expired if r.job_key not in {j.key for j, _ in bad}]
+        if not expired:
+            return set_aside
+        moves = [self._reclaim(run, jobs.get(run.job_key), now_ms) for run in expired]
         results = self.store.transition(moves)
         rescheduled = [r for r in results if r is not None and r.state is RunState.SCHEDULED]
         self.d.index.add([IndexEntry(r.run_id, r.due_ms, r.priority) for r in rescheduled])
@@ -50,7 +61,7 @@ class Reaper(Daemon):
                 "reclaimed expired %s lease of %s", before.state.value, before.lease_owner, extra=run_fields(after)
             )
         self.d.history.record(events)
-        return len(events)
+        return len(events) + set_aside
 
     def _reclaim(self, run: Run, job: Job | None, now_ms: int) -> Transition:
         cleared = {"lease_owner": None, "lease_expires_ms": None}

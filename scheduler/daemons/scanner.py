@@ -4,7 +4,9 @@ One pass: take up to `scan_batch` due ids from the index, claim them in the stor
 statement), read their jobs (one batch read), then per run: dispatch it, or hold it (overlap
 buffering, paused job), or end it (cancelled job, misfire past its deadline, overlap skip).
 Publishing happens before the DISPATCHED write; a worker that is faster than that write may
-start a CLAIMED run, and the scanner's CAS then simply loses.
+start a CLAIMED run, and the scanner's CAS then simply loses. A claimed run whose record does not
+decode, or whose job's does not (or whose job is quarantined), is dead-lettered as Corrupt and the
+pass goes on with the others (`jobq.daemons.quarantine`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import dataclass, field
 
 from jobq.codec import encode, envelope_for
 from jobq.daemons.base import Daemon, event
+from jobq.daemons.quarantine import Quarantine, needs_quarantine, quarantine_reason
 from jobq.deployment import Deployment
 from jobq.errors import TransportError
 from jobq.ids import new_worker_id
@@ -23,6 +26,7 @@ from jobq.models import (
     PAUSED,
     PAUSED_RECHECK_MS,
     Job,
+    JobKey,
     JobStatus,
     MisfirePolicy,
     OverlapPolicy,
@@ -97,6 +101,7 @@ class Scanner(Daemon):
         self.batch = self.base_batch  # this pass's size: grows while a backlog lasts (see `_resize`)
         self.threshold_ms = round(self.settings.misfire_threshold_s * 1000)
         self._full = False
+        self.quarantine = Quarantine(deployment, self.log)
 
     def busy(self, done: int) -> bool:
         return self._full
@@ -131,8 +136,9 @@ class Scanner(Daemon):
         self._resize()
         if not claimed:
             return 0
-        jobs = self.store.get_jobs(list({r.job_id for r in claimed}))
-        plan = self._plan(claimed, jobs, now_ms)
+        jobs = self.store.get_jobs(list({r.job_key for r in claimed if r.corrupt is None}))
+        ready = self._set_aside(claimed, jobs, now_ms)
+        plan = self._plan(ready, jobs, now_ms)
         self._publish(plan.dispatch, now_ms)
         if plan.moves:
             self.store.transition(plan.moves)
@@ -144,12 +150,23 @@ class Scanner(Daemon):
 
     # -- deciding -------------------------------------------------------------------------------
 
-    def _plan(self, claimed: Sequence[Run], jobs: dict[str, Job], now_ms: int) -> _Plan:
+    def _set_aside(self, claimed: Sequence[Run], jobs: dict[JobKey, Job], now_ms: int) -> list[Run]:
+        """Quarantine what cannot go on (runs that do not decode; jobs that do not, or that are
+        quarantined, with their open runs); the rest of the batch."""
+        corrupt = [r for r in claimed if r.corrupt is not None]
+        bad = {key: job for key, job in jobs.items() if needs_quarantine(job)}
+        if corrupt:
+            self.quarantine.runs(corrupt, now_ms)
+        if bad:
+            self.quarantine.jobs([(job, quarantine_reason(job)) for job in bad.values()], now_ms)
+        return [r for r in claimed if r.corrupt is None and r.job_key not in bad]
+
+    def _plan(self, claimed: Sequence[Run], jobs: dict[JobKey, Job], now_ms: int) -> _Plan:
         plan = _Plan()
         ready: list[Run] = []
         ended: dict[str, Run] = {}  # runs this pass ends before looking at overlaps
         for run in claimed:
-            job = jobs.get(run.job_id)
+            job = jobs.get(run.job_key)
             if job is None or job.status is JobStatus.CANCELLED:
                 plan.end(run, RunState.CANCELLED, "CANCELLED", "its job was cancelled", now_ms)
             elif job.status is JobStatus.PAUSED:
@@ -185,7 +202,7 @@ class Scanner(Daemon):
         ready = self._collapse_misfires(ready, jobs, known, plan, now_ms)
         dispatching: dict[str, tuple[Run, Job]] = {}
         for run in sorted(ready, key=lambda r: r.nominal_ms):
-            job = jobs[run.job_id]
+            job = jobs[run.job_key]
             watched = job.recurring and job.overlap_policy is not OverlapPolicy.ALLOW_ALL
             prev = _blocker(run, known) if watched else None
             if prev is None:
@@ -254,7 +271,7 @@ class Scanner(Daemon):
             METRICS.misfires.inc(policy=job.misfire_policy.value)
 
     def _collapse_misfires(
-        self, ready: list[Run], jobs: dict[str, Job], known: dict[str, Run], plan: _Plan, now_ms: int
+        self, ready: list[Run], jobs: dict[JobKey, Job], known: dict[str, Run], plan: _Plan, now_ms: int
     ) -> list[Run]:
         """fire_once_now: every late run but the one of the newest missed fire is collapsed into it,
         whichever pass meets them and whether beat or the scanner was the one that was down (beat
@@ -262,7 +279,7 @@ class Scanner(Daemon):
         misses, so the run that stands for them is held to the job's overlap policy against it."""
         kept: list[Run] = []
         for run in sorted(ready, key=lambda r: r.nominal_ms):
-            job = jobs[run.job_id]
+            job = jobs[run.job_key]
             if not (
                 job.recurring and job.misfire_policy is MisfirePolicy.FIRE_ONCE_NOW and self._late(run, job, now_ms)
             ):
@@ -287,7 +304,7 @@ class Scanner(Daemon):
             known[run.run_id] = run.model_copy(update={"state": RunState.CANCELLED, "blocked_by": blocker})
         return kept
 
-    def _predecessors(self, ready: Sequence[Run], jobs: dict[str, Job]) -> dict[str, Run]:
+    def _predecessors(self, ready: Sequence[Run], jobs: dict[JobKey, Job]) -> dict[str, Run]:
         """The previous runs (and, one hop further, their blockers) of runs whose job limits
         overlap, as the store holds them. The plan overwrites entries with its own decisions as
         it walks the batch in fire order, so a run held or skipped earlier in the same batch is
@@ -296,8 +313,8 @@ class Scanner(Daemon):
             r
             for r in ready
             if r.prev_run_id
-            and jobs[r.job_id].recurring
-            and jobs[r.job_id].overlap_policy is not OverlapPolicy.ALLOW_ALL
+            and jobs[r.job_key].recurring
+            and jobs[r.job_key].overlap_policy is not OverlapPolicy.ALLOW_ALL
         ]
         if not watched:
             return {}

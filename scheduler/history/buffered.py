@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from jobq.metrics import METRICS
-from jobq.models import RunEvent
+from jobq.models import JobKey, RunEvent
 from jobq.ports import HistorySink
 
 log = logging.getLogger("jobq.history")
@@ -196,9 +196,9 @@ class BufferedHistory(BufferingSink[RunEvent]):
     def max_events(self) -> int:
         return self.flush_size
 
-    def read(self, job_id: str, limit: int = 1000) -> list[RunEvent]:
+    def read(self, job: JobKey, limit: int = 1000) -> list[RunEvent]:
         self.flush()
-        return self.inner.read(job_id, limit)
+        return self.inner.read(job, limit)
 
     def _item(self, event: RunEvent) -> RunEvent:
         return event

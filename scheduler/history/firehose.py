@@ -46,7 +46,7 @@ from jobq.errors import ConfigError
 from jobq.history.buffered import Line, NdjsonSink
 from jobq.history.s3scanner import DAY_MS, LAYOUTS, MiB, S3EventScanner, split_s3_url
 from jobq.metrics import METRICS
-from jobq.models import RunEvent
+from jobq.models import JobKey, RunEvent
 
 log = logging.getLogger("jobq.history")
 
@@ -148,7 +148,7 @@ class FirehoseHistory(NdjsonSink):
                 client.close()
             raise
 
-    def read(self, job_id: str, limit: int = 1000) -> list[RunEvent]:
+    def read(self, job: JobKey, limit: int = 1000) -> list[RunEvent]:
         """The job's events, oldest first, as delivered to the stream's S3 destination; this
         sink's buffer is sent first."""
         if self.reader is None:
@@ -159,7 +159,7 @@ class FirehoseHistory(NdjsonSink):
                 "add s3=s3://BUCKET/PREFIX (its bucket and prefix) to the URL",
             )
         self.flush()
-        return self.reader.read(job_id, limit)
+        return self.reader.read(job, limit)
 
     def _encode(self, event: RunEvent) -> bytes:
         line = super()._encode(event)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
-from jobq.models import RunEvent
+from jobq.models import JobKey, RunEvent
 
 
 class MemoryHistory:
@@ -17,9 +17,9 @@ class MemoryHistory:
         with self._lock:
             self._events.extend(events)
 
-    def read(self, job_id: str, limit: int = 1000) -> list[RunEvent]:
+    def read(self, job: JobKey, limit: int = 1000) -> list[RunEvent]:
         with self._lock:
-            return [e for e in self._events if e.job_id == job_id][:limit]
+            return [e for e in self._events if e.job_key == job][:limit]
 
     def flush(self) -> None:
         pass

@@ -9,8 +9,9 @@ from typing import TYPE_CHECKING
 
 from jobq.errors import StoreError
 from jobq.metrics import METRICS
-from jobq.models import RunEvent
+from jobq.models import JobKey, RunEvent
 from jobq.postgresdb import PostgresDatabase
+from jobq.records import decode_events
 
 if TYPE_CHECKING:
     from jobq.postgresdb import Connection
@@ -26,7 +27,7 @@ _INSERT = (
     + ", ".join(f"%b::{t}[]" for t in _TYPES)
     + ")"
 )
-_READ = f"SELECT {', '.join(_COLUMNS)} FROM {{events}} WHERE job_id = %s ORDER BY id LIMIT %s"
+_READ = f"SELECT {', '.join(_COLUMNS)} FROM {{events}} WHERE tenant_id = %s AND job_id = %s ORDER BY id LIMIT %s"
 
 
 class PostgresHistory:
@@ -63,9 +64,9 @@ class PostgresHistory:
             METRICS.history_errors.inc(len(events))
             log.exception("history write failed; %d events dropped", len(events))
 
-    def read(self, job_id: str, limit: int = 1000) -> list[RunEvent]:
+    def read(self, job: JobKey, limit: int = 1000) -> list[RunEvent]:
         """The job's events, oldest first. Raises `StoreUnavailable` when the database is."""
-        return [RunEvent.model_validate(r) for r in self.db.read(_READ, [job_id, limit])]
+        return decode_events(self.db.read(_READ, [job.tenant_id, job.job_id, limit]), f"history of {str(job)!r}")
 
     def flush(self) -> None:
         pass  # nothing is buffered here

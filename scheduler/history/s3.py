@@ -51,7 +51,7 @@ from jobq.clock import SYSTEM_CLOCK, Clock
 from jobq.errors import ConfigError, StoreError
 from jobq.history.buffered import Line, NdjsonSink
 from jobq.history.s3scanner import DAY_MS, HIVE, HOUR_MS, MiB, S3EventScanner, split_s3_url
-from jobq.models import RunEvent
+from jobq.models import JobKey, RunEvent
 
 log = logging.getLogger("jobq.history")
 
@@ -141,10 +141,10 @@ class S3History(NdjsonSink):
             client.close()
             raise
 
-    def read(self, job_id: str, limit: int = 1000) -> list[RunEvent]:
+    def read(self, job: JobKey, limit: int = 1000) -> list[RunEvent]:
         """The job's events, oldest first; this sink's buffer is flushed first so they are seen."""
         self.flush()
-        return self.reader.read(job_id, limit)
+        return self.reader.read(job, limit)
 
     def key(self, hour_ms: int) -> str:
         """A new object key in the partition of `hour_ms`, unique to this process."""

@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 from jobq.aws import aws_error_code, translate_aws_error
 from jobq.clock import SYSTEM_CLOCK, Clock
 from jobq.errors import ConfigError, JobqError, StoreError
-from jobq.models import RunEvent
+from jobq.models import JobKey, RunEvent
 
 log = logging.getLogger("jobq.history")
 
@@ -104,8 +104,9 @@ def _root(prefix: str) -> str:
 class S3EventScanner:
     """Reads a job's events back from NDJSON (plain or gzip) objects under hour partitions.
 
-    S3 has no index and `read` gets nothing but the job id, so it lists every object from a start
-    hour onwards, in key order (which is hour order), downloads them and keeps the job's lines:
+    S3 has no index and `read` gets nothing but the job's key, so it lists every object from a start
+    hour onwards, in key order (which is hour order), downloads them and keeps the job's lines
+    (those of its tenant and job id):
 
     - start: the job's creation hour when the id carries it (`job_created_ms`), else
       ``now - lookback_ms`` (events older than that are not found for custom ids); either way
@@ -160,17 +161,17 @@ class S3EventScanner:
         start_ms = (now_ms - self.lookback_ms if created_ms is None else created_ms) - self.early_ms
         return start_ms - start_ms % HOUR_MS
 
-    def read(self, job_id: str, limit: int = 1000) -> list[RunEvent]:
+    def read(self, job: JobKey, limit: int = 1000) -> list[RunEvent]:
         if limit <= 0:
             return []
         try:
-            return self._scan(job_id, limit, self.start_ms(job_id))
+            return self._scan(job, limit, self.start_ms(job.job_id))
         except JobqError:
             raise
         except Exception as exc:
-            raise translate_aws_error(exc, f"reading history of {job_id!r} from {self.location}") from exc
+            raise translate_aws_error(exc, f"reading history of {str(job)!r} from {self.location}") from exc
 
-    def _scan(self, job_id: str, limit: int, start_ms: int) -> list[RunEvent]:
+    def _scan(self, job: JobKey, limit: int, start_ms: int) -> list[RunEvent]:
         found: list[RunEvent] = []
         scanned_bytes = 0
         current_hour: int | None = None
@@ -182,13 +183,13 @@ class S3EventScanner:
                     break
             if scanned_bytes + size > self.scan_bytes or scanned_objects >= self.scan_objects:
                 raise StoreError(
-                    f"history of {job_id!r}: scanning {self.location} from {self.layout.hour_prefix(start_ms)} "
+                    f"history of {str(job)!r}: scanning {self.location} from {self.layout.hour_prefix(start_ms)} "
                     f"passed {scanned_objects} objects / {scanned_bytes} bytes (scan_objects={self.scan_objects}, "
                     f"scan_bytes={self.scan_bytes}) before reaching {key!r}; query these partitions with Athena "
                     "or raise the bounds"
                 )
             scanned_bytes += size
-            found.extend(self._events(key, job_id))
+            found.extend(self._events(key, job))
         found.sort(key=lambda e: e.at_ms)  # stable: equal times keep key and line order
         return found[:limit]
 
@@ -204,7 +205,7 @@ class S3EventScanner:
                 if hour_ms is not None:  # anything else under the prefix is not ours to read
                     yield item["Key"], int(item["Size"]), hour_ms
 
-    def _events(self, key: str, job_id: str) -> list[RunEvent]:
+    def _events(self, key: str, job: JobKey) -> list[RunEvent]:
         try:
             body = self.client.get_object(Bucket=self.bucket, Key=key)["Body"]
         except Exception as exc:
@@ -221,6 +222,7 @@ class S3EventScanner:
             return []
         # A cheap test on the raw bytes skips most other jobs' lines before parsing; only ids
         # that JSON writes verbatim can be searched for that way.
+        job_id = job.job_id
         needle = job_id.encode() if job_id.isprintable() and '"' not in job_id and "\\" not in job_id else None
         events: list[RunEvent] = []
         unreadable = 0
@@ -232,7 +234,7 @@ class S3EventScanner:
             except ValueError:
                 unreadable += 1
                 continue
-            if event.job_id == job_id:
+            if event.job_key == job:
                 events.append(event)
         if unreadable:
             log.warning("history object s3://%s/%s: %d unreadable lines skipped", self.bucket, key, unreadable)

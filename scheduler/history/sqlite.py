@@ -7,7 +7,8 @@ from collections.abc import Sequence
 
 from jobq.errors import StoreError
 from jobq.metrics import METRICS
-from jobq.models import RunEvent
+from jobq.models import JobKey, RunEvent
+from jobq.records import decode_events
 from jobq.sqlitedb import SqliteDatabase
 
 log = logging.getLogger("jobq.history")
@@ -26,7 +27,9 @@ CREATE TABLE IF NOT EXISTS jobq_run_events (
     error       TEXT,
     duration_ms INTEGER
 );
-CREATE INDEX IF NOT EXISTS jobq_run_events_job ON jobq_run_events (job_id, id);
+-- A job's events in the order recorded; the previous version's index had no tenant.
+DROP INDEX IF EXISTS jobq_run_events_job;
+CREATE INDEX IF NOT EXISTS jobq_run_events_job_key ON jobq_run_events (tenant_id, job_id, id);
 """
 _COLUMNS = ("job_id", "run_id", "tenant_id", "attempt", "fence", "kind", "at_ms", "worker", "error", "duration_ms")
 
@@ -51,11 +54,12 @@ class SqliteHistory:
             METRICS.history_errors.inc(len(rows))
             log.exception("history write failed; %d events dropped", len(rows))
 
-    def read(self, job_id: str, limit: int = 1000) -> list[RunEvent]:
+    def read(self, job: JobKey, limit: int = 1000) -> list[RunEvent]:
         rows = self.db.read(
-            f"SELECT {', '.join(_COLUMNS)} FROM jobq_run_events WHERE job_id = ? ORDER BY id LIMIT ?", (job_id, limit)
+            f"SELECT {', '.join(_COLUMNS)} FROM jobq_run_events WHERE tenant_id = ? AND job_id = ? ORDER BY id LIMIT ?",
+            (job.tenant_id, job.job_id, limit),
         )
-        return [RunEvent.model_validate(dict(r)) for r in rows]
+        return decode_events(rows, f"history of {str(job)!r}")
 
     def flush(self) -> None:
         pass

@@ -37,6 +37,7 @@ from jobq.models import (
     ApiToken,
     IdempotencyRecord,
     Job,
+    JobKey,
     JobStatus,
     Run,
     RunState,
@@ -56,7 +57,8 @@ from jobq.store.dynamodb_items import (
     idempotency_pk,
     job_from_item,
     job_item,
-    job_key,
+    job_item_key,
+    job_pk,
     plan_gsi1,
     run_from_item,
     run_item,
@@ -65,7 +67,7 @@ from jobq.store.dynamodb_items import (
     tenant_segment,
     token_hash_key,
 )
-from jobq.store.memory import parse_run_cursor, run_cursor
+from jobq.store.memory import job_cursor, parse_job_cursor, parse_run_cursor, refuse_corrupt, run_cursor
 
 _FINISHABLE = (JobStatus.ACTIVE.value, JobStatus.COMPLETED.value)
 _CREATE_ATTEMPTS = 8  # contention (TransactionConflict) backs off between attempts
@@ -148,7 +150,7 @@ class DynamoStore:
                         record = flat_record(IdempotencyRecord, stored)
                         if record.fingerprint != idempotency.fingerprint:
                             raise IdempotencyConflict(idempotency.key) from None
-                        original = self._get(f"JOB#{record.job_id}", "META")
+                        original = self._get(job_pk(record.job_key), "META")
                         if original is not None:
                             return CreateResult(job_from_item(original), created=False, response=record.response)
                         orphan = record.job_id
@@ -177,15 +179,15 @@ class DynamoStore:
         put["ReturnValuesOnConditionCheckFailure"] = "ALL_OLD"
         return {"Put": put}
 
-    def get_jobs(self, job_ids: Sequence[str]) -> dict[str, Job]:
-        jobs = (job_from_item(i) for i in self.table.batch_get([job_key(j) for j in job_ids]))
-        return {j.job_id: j for j in jobs}
+    def get_jobs(self, keys: Sequence[JobKey]) -> dict[JobKey, Job]:
+        jobs = (job_from_item(i) for i in self.table.batch_get([job_item_key(k) for k in keys]))
+        return {j.key: j for j in jobs}
 
     def list_jobs(self, query: JobQuery) -> Page[Job]:
-        """Ordered by job id through GSI3 (``JOBS#<tenant>#<shard>``, sorted by id): with a tenant,
-        16 shard queries from the cursor, merged; then one batch read of the page's documents.
-        Without a tenant there is no partition to query, so GSI3 is scanned (16 segments in
-        parallel) and the smallest ids kept: that costs a read of every job's index entry."""
+        """Ordered by job id (then tenant) through GSI3 (``JOBS#<tenant>#<shard>``, sorted by id):
+        with a tenant, 16 shard queries from the cursor, merged; then one batch read of the page's
+        documents. Without a tenant there is no partition to query, so GSI3 is scanned (16 segments
+        in parallel) and the smallest keys kept: that costs a read of every job's index entry."""
         e = Expr()
         if query.status is not None:
             e.when("status", "=", as_s(query.status.value))
@@ -194,25 +196,36 @@ class DynamoStore:
         if query.name_prefix:
             e.conditions.append(f"begins_with({e.n('name')}, {e.v(as_s(query.name_prefix))})")
         want = query.limit + 1
-        cursor = as_s(query.cursor) if query.cursor else None
+        after = parse_job_cursor(query.cursor) if query.cursor else None
+
+        def beyond(key: tuple[str, str]) -> bool:  # (job id, tenant) after the cursor
+            if after is None:
+                return True
+            return key[0] > after[0] if after[1] is None else key > (after[0], after[1])
+
         if query.tenant_id is not None:
             partitions = [f"JOBS#{tenant_segment(query.tenant_id)}#{n}" for n in range(SHARDS)]
-            entries = self._gsi_shards("GSI3", partitions, want, ">", cursor, e)
+            bound = as_s(after[0]) if after is not None else None
+            entries = self._gsi_shards("GSI3", partitions, want + 1, ">=", bound, e)
         else:
-            if cursor is not None:
-                e.when("GSI3SK", ">", cursor)
+            if after is not None:
+                e.when("GSI3SK", ">=", as_s(after[0]))
             filters = e.take_filter()
-            scan = e.finish(IndexName="GSI3", ProjectionExpression=e.n("GSI3SK"), TotalSegments=SHARDS, **filters)
+            projection = f"{e.n('GSI3SK')}, {e.n('tenant_id')}"
+            scan = e.finish(IndexName="GSI3", ProjectionExpression=projection, TotalSegments=SHARDS, **filters)
             segments = self.table.parallel(lambda s: self.table.query_all(None, Segment=s, **scan), list(range(SHARDS)))
             entries = [i for rows in segments for i in rows]
-        ids = sorted(i["GSI3SK"]["S"] for i in entries)[:want]
-        page = ids[: query.limit]
+        found = sorted({(i["GSI3SK"]["S"], i["tenant_id"]["S"]) for i in entries})
+        keys = [k for k in found if beyond(k)][:want]
+        page = [JobKey(tenant, job_id) for job_id, tenant in keys[: query.limit]]
         jobs = self.get_jobs(page)
-        return Page([jobs[i] for i in page if i in jobs], page[-1] if len(ids) > query.limit and page else None)
+        items = [jobs[k] for k in page if k in jobs]
+        return Page(items, job_cursor(items[-1]) if len(keys) > query.limit and items else None)
 
     def update_job(self, job: Job) -> Job:
         """A PutItem conditional on the stored version; the failed condition's item tells a
         missing job (`JobNotFound`) from a moved one (`Conflict`) without a second read."""
+        refuse_corrupt(job)
         stored = job.model_copy(update={"version": job.version + 1})
         e = Expr()
         e.when("version", "=", as_n(job.version))
@@ -221,10 +234,31 @@ class DynamoStore:
             self.table.call("put_item", ReturnValuesOnConditionCheckFailure="ALL_OLD", **request)
         except ConditionFailed as exc:
             if exc.item is None:
-                raise JobNotFound(job.job_id) from None
+                raise JobNotFound(str(job.key)) from None
             found = exc.item["version"]["N"]
-            raise Conflict(f"job {job.job_id!r} changed (version {found}, expected {job.version})") from None
+            raise Conflict(f"job {str(job.key)!r} changed (version {found}, expected {job.version})") from None
         return stored
+
+    def set_job_status(
+        self, key: JobKey, status: JobStatus, expect: frozenset[JobStatus], now_ms: int, reason: str | None = None
+    ) -> bool:
+        """One conditional UpdateItem of the job's `status`, `status_reason`, `version` and
+        `updated_ms` attributes (authoritative over its document, which is not rewritten) and GSI2's
+        partition key."""
+        if not expect:
+            return False
+        e = Expr()
+        e.set("status", as_s(status.value))
+        e.set("status_reason", None if reason is None else as_s(reason))
+        e.add("version")
+        e.set("updated_ms", as_n(now_ms))
+        e.set("GSI2PK", as_s(f"DUE#{shard_of(key.job_id)}") if status is JobStatus.ACTIVE else None)
+        e.when_in("status", sorted(s.value for s in expect))
+        try:
+            self.table.call("update_item", **e.update(TableName=self.table.name, Key=job_item_key(key)))
+        except ConditionFailed:  # absent, or another status
+            return False
+        return True
 
     def due_jobs(self, before_ms: int, limit: int) -> list[Job]:
         """16 GSI2 queries (``DUE#<shard>``, ``GSI2SK <= before_ms``) in parallel, merged."""
@@ -262,7 +296,7 @@ class DynamoStore:
         descending) merged. Anything else has no index: a parallel Scan of the table, keeping the
         newest matches, which reads every item."""
         e = Expr()
-        if query.tenant_id is not None and query.job_id is None:
+        if query.tenant_id is not None and query.job is None:
             e.when("tenant_id", "=", as_s(query.tenant_id))
         if query.states:
             e.when_in("state", [s.value for s in query.states])
@@ -274,12 +308,12 @@ class DynamoStore:
         def before_cursor(item: Item) -> bool:
             return after is None or (int(item["nominal_ms"]["N"]), item["run_id"]["S"]) < after
 
-        if query.job_id is not None:
+        if query.job is not None:
             if query.tenant_id is not None:
                 e.when("tenant_id", "=", as_s(query.tenant_id))
             filters = e.take_filter()
             high = f"RUN#{after[0] - 1:020d}" if after is not None else "RUN#~"
-            key = f"{e.n('PK')} = {e.v(as_s(f'JOB#{query.job_id}'))} AND {e.n('SK')} BETWEEN "
+            key = f"{e.n('PK')} = {e.v(as_s(job_pk(query.job)))} AND {e.n('SK')} BETWEEN "
             key += f"{e.v(as_s('RUN#'))} AND {e.v(as_s(high))}"
             request = e.finish(KeyConditionExpression=key, ScanIndexForward=False, ConsistentRead=True, **filters)
             items = [] if after is not None and after[0] <= 0 else self.table.query_all(want, **request)
@@ -301,14 +335,16 @@ class DynamoStore:
         page = runs[: query.limit]
         return Page(page, run_cursor(page[-1]) if len(runs) > query.limit and page else None)
 
-    def run_counts(self, job_id: str) -> dict[RunState, int]:
+    def run_counts(self, job: JobKey) -> dict[RunState, int]:
         e = Expr()
-        key = f"{e.n('PK')} = {e.v(as_s(f'JOB#{job_id}'))} AND begins_with({e.n('SK')}, {e.v(as_s('RUN#'))})"
+        key = f"{e.n('PK')} = {e.v(as_s(job_pk(job)))} AND begins_with({e.n('SK')}, {e.v(as_s('RUN#'))})"
         request = e.finish(KeyConditionExpression=key, ProjectionExpression=e.n("state"), ConsistentRead=True)
         counts: dict[RunState, int] = {}
         for item in self.table.query_all(None, **request):
-            state = RunState(item["state"]["S"])
-            counts[state] = counts.get(state, 0) + 1
+            value = item.get("state", {}).get("S")
+            if value in RunState.__members__:  # a corrupt item's unknown state is not a state
+                state = RunState(value)
+                counts[state] = counts.get(state, 0) + 1
         return counts
 
     def claim(self, run_ids: Sequence[str], now_ms: int, owner: str, lease_ms: int) -> list[Run]:
@@ -391,9 +427,10 @@ class DynamoStore:
             return None
         item = response["Attributes"]
         run = run_from_item(item)
-        self._check_gsi1(key, item, run)
+        if run.corrupt is None:  # a marker's placeholders must not steer the index
+            self._check_gsi1(key, item, run)
         if t.job_status is not None:
-            self._move_job(run.job_id, t.job_status, t.at_ms)
+            self._move_job(run.job_key, t.job_status, t.at_ms)
         return run
 
     def _check_gsi1(self, key: Item, item: Item, run: Run) -> None:
@@ -408,16 +445,16 @@ class DynamoStore:
         with contextlib.suppress(ConditionFailed):  # a later write moved the run on, with its own keys
             self.table.call("update_item", **e.update(TableName=self.table.name, Key=key))
 
-    def _move_job(self, job_id: str, status: JobStatus, at_ms: int | None) -> None:
+    def _move_job(self, job: JobKey, status: JobStatus, at_ms: int | None) -> None:
         e = Expr()
         e.set("status", as_s(status.value))
         e.add("version")
         if at_ms is not None:
             e.set("updated_ms", as_n(at_ms))
-        e.set("GSI2PK", as_s(f"DUE#{shard_of(job_id)}") if status is JobStatus.ACTIVE else None)
+        e.set("GSI2PK", as_s(f"DUE#{shard_of(job.job_id)}") if status is JobStatus.ACTIVE else None)
         e.when_in("status", _FINISHABLE)
         with contextlib.suppress(ConditionFailed):  # a paused, cancelled or missing job is left as it is
-            self.table.call("update_item", **e.update(TableName=self.table.name, Key=job_key(job_id)))
+            self.table.call("update_item", **e.update(TableName=self.table.name, Key=job_item_key(job)))
 
     def expired_leases(self, now_ms: int, limit: int) -> list[Run]:
         """16 GSI1 queries per leased state (``<state>#<shard>``, ``GSI1SK < now_ms``), all 48 in

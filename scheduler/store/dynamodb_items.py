@@ -2,10 +2,11 @@
 
 The design is drawn in docs/dynamodb.md. In short:
 
-- a job is ``PK=JOB#<job_id>, SK=META``: its JSON document plus the attributes that are queried or
-  changed in place (``status``, ``version`` and ``updated_ms`` are authoritative over the document);
-- a run is ``PK=JOB#<job_id>, SK=RUN#<nominal_ms, 20 digits>`` with one attribute per field, so a
-  run id names its key and reads need no index;
+- a job is ``PK=JOB#<job_id>`` (tenant ``default``) or ``PK=JOB#<tenant>#<job_id>``, ``SK=META``:
+  its JSON document plus the attributes that are queried or changed in place (``status``,
+  ``status_reason``, ``version`` and ``updated_ms`` are authoritative over the document);
+- a run is ``PK=<its job's PK>, SK=RUN#<nominal_ms, 20 digits>`` with one attribute per field, so
+  a run id (which names its job's key, `Run.parse_id`) names its item and reads need no index;
 - GSI1 holds runs while the reaper, beat's repair or the dead-letter list need them: leased runs
   by lease expiry, SCHEDULED runs by due time (one partition per priority tier), dead letters by
   nominal time, each spread over 16 shards (``crc32(run_id) % 16``). GSI2 holds ACTIVE jobs by next
@@ -28,16 +29,18 @@ from jobq.dynamodb import SHARDS, Expr, Item
 from jobq.dynamodb_schema import TTL_ATTRIBUTE
 from jobq.errors import StoreError
 from jobq.models import (
+    DEFAULT_TENANT,
     LEASED_STATES,
-    PRIORITIES_BY_RANK,
     ApiToken,
     IdempotencyRecord,
     Job,
+    JobKey,
     JobStatus,
     Run,
     RunState,
     Transition,
 )
+from jobq.records import DECODE_ERRORS, corrupt_job, corrupt_run, priority_of
 
 R = TypeVar("R", IdempotencyRecord, ApiToken)
 
@@ -68,16 +71,25 @@ def tenant_segment(tenant_id: str) -> str:
     return quote(tenant_id, safe="")  # a '#' in a tenant id cannot run into the next key segment
 
 
-def job_key(job_id: str) -> Item:
-    return {"PK": as_s(f"JOB#{job_id}"), "SK": as_s("META")}
+def job_pk(key: JobKey) -> str:
+    """The partition of a job and its runs. The tenant ``default`` keeps the form of tables written
+    before job ids were scoped by tenant; a job id holds no ``#``, so the forms cannot meet."""
+    if key.tenant_id == DEFAULT_TENANT:
+        return f"JOB#{key.job_id}"
+    return f"JOB#{tenant_segment(key.tenant_id)}#{key.job_id}"
+
+
+def job_item_key(key: JobKey) -> Item:
+    return {"PK": as_s(job_pk(key)), "SK": as_s("META")}
 
 
 def run_key(run_id: str) -> Item | None:
-    """The run's key, derived from its id (`job_id:nominal_ms`); None when the id has another form."""
-    job_id, sep, nominal = run_id.rpartition(":")
-    if not sep or not job_id or not nominal.isdigit() or str(int(nominal)) != nominal:
+    """The run's key, derived from its id (`Run.parse_id`); None when the id has another form."""
+    parsed = Run.parse_id(run_id)
+    if parsed is None:
         return None
-    return {"PK": as_s(f"JOB#{job_id}"), "SK": as_s(f"RUN#{int(nominal):020d}")}
+    job, nominal = parsed
+    return {"PK": as_s(job_pk(job)), "SK": as_s(f"RUN#{nominal:020d}")}
 
 
 def gsi1(run: Run) -> tuple[str, int] | None:
@@ -94,8 +106,8 @@ def gsi1(run: Run) -> tuple[str, int] | None:
 
 def run_item(run: Run) -> Item:
     key = run_key(run.run_id)
-    if key is None or run.run_id != Run.make_id(run.job_id, run.nominal_ms):
-        raise StoreError(f"run id {run.run_id!r} is not job_id:nominal_ms")
+    if key is None or run.run_id != Run.make_id(run.job_key, run.nominal_ms):
+        raise StoreError(f"run id {run.run_id!r} is not what Run.make_id builds for its job and time")
     item: Item = dict(key)
     for name in _STR_FIELDS:
         value = getattr(run, name)
@@ -119,13 +131,34 @@ def run_item(run: Run) -> Item:
 
 
 def run_from_item(item: Item) -> Run:
-    data: dict[str, Any] = {n: item[n]["S"] for n in _STR_FIELDS if n in item}
-    data.update((n, int(item[n]["N"])) for n in _INT_FIELDS if n in item)
-    data["priority"] = PRIORITIES_BY_RANK[int(item["priority"]["N"])]
-    data["dead_letter"] = bool(item.get("dead_letter", {}).get("BOOL", False))
-    if "result" in item:
-        data["result"] = json.loads(item["result"]["S"])
-    return Run.model_validate(data)
+    """The run in `item`; a corrupt marker when the item does not decode."""
+    try:
+        data: dict[str, Any] = {n: item[n]["S"] for n in _STR_FIELDS if n in item}
+        data.update((n, int(item[n]["N"])) for n in _INT_FIELDS if n in item)
+        data["priority"] = priority_of(int(item["priority"]["N"]))
+        data["dead_letter"] = bool(item.get("dead_letter", {}).get("BOOL", False))
+        if "result" in item:
+            data["result"] = json.loads(item["result"]["S"])
+        return Run.model_validate(data)
+    except DECODE_ERRORS as exc:
+        return corrupt_run(_salvage(item), exc)
+
+
+def _salvage(item: Item) -> dict[str, Any]:
+    """Each attribute of a run item that converts on its own (for a corrupt marker)."""
+    raw: dict[str, Any] = {}
+    for name, value in item.items():
+        if not isinstance(value, dict) or len(value) != 1:
+            continue
+        kind, wire = next(iter(value.items()))
+        try:
+            raw[name] = int(wire) if kind == "N" else wire
+        except DECODE_ERRORS:
+            continue
+    if "priority" in raw:
+        raw["priority"] = priority_of(raw["priority"])
+    raw.pop("result", None)  # shown only when the item decodes
+    return raw
 
 
 def field_value(name: str, value: Any) -> dict[str, Any] | None:
@@ -142,7 +175,7 @@ def field_value(name: str, value: Any) -> dict[str, Any] | None:
 def job_item(job: Job) -> Item:
     shard = shard_of(job.job_id)
     item: Item = {
-        **job_key(job.job_id),
+        **job_item_key(job.key),
         "doc": as_s(job.model_dump_json()),
         "tenant_id": as_s(job.tenant_id),
         "status": as_s(job.status.value),
@@ -159,18 +192,28 @@ def job_item(job: Job) -> Item:
         item["next_fire_ms"] = item["GSI2SK"] = as_n(job.next_fire_ms)
     if job.status is JobStatus.ACTIVE:
         item["GSI2PK"] = as_s(f"DUE#{shard}")
+    if job.status_reason is not None:
+        item["status_reason"] = as_s(job.status_reason)
     return item
 
 
 def job_from_item(item: Item) -> Job:
-    job = Job.model_validate_json(item["doc"]["S"])
-    return job.model_copy(
-        update={
-            "status": JobStatus(item["status"]["S"]),
-            "version": int(item["version"]["N"]),
-            "updated_ms": int(item["updated_ms"]["N"]),
-        }
-    )
+    """The job in `item` (its attributes `status`, `status_reason`, `version` and `updated_ms` win
+    over the document's); a corrupt marker when it does not decode."""
+    try:
+        job = Job.model_validate_json(item["doc"]["S"])
+        return job.model_copy(
+            update={
+                "status": JobStatus(item["status"]["S"]),
+                "status_reason": item["status_reason"]["S"] if "status_reason" in item else None,
+                "version": int(item["version"]["N"]),
+                "updated_ms": int(item["updated_ms"]["N"]),
+            }
+        )
+    except DECODE_ERRORS as exc:
+        raw = _salvage(item)
+        columns = {"job_id": raw.get("GSI3SK"), **raw}
+        return corrupt_job(raw.get("doc"), {k: v for k, v in columns.items() if v is not None}, exc)
 
 
 def flat_item(record: IdempotencyRecord | ApiToken, pk: str, sk: str) -> Item:

@@ -1,9 +1,16 @@
-"""The in-memory reference store: one process, thread-safe, the semantics every backend matches."""
+"""The in-memory reference store: one process, thread-safe, the semantics every backend matches.
+
+Its records are objects, so they always decode; `put_raw_job` and `put_raw_run` store what a
+row would decode to (a corrupt marker, for a bad one), so that the quarantine of records that do
+not decode is tested here as on the other backends.
+"""
 
 from __future__ import annotations
 
+import json
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from jobq.errors import Conflict, DuplicateJob, IdempotencyConflict, JobNotFound
 from jobq.models import (
@@ -11,12 +18,14 @@ from jobq.models import (
     ApiToken,
     IdempotencyRecord,
     Job,
+    JobKey,
     JobStatus,
     Run,
     RunState,
     Transition,
 )
 from jobq.ports import CreateResult, JobQuery, Page, RunQuery
+from jobq.records import decode_job, decode_run
 
 _FINISHABLE = frozenset({JobStatus.ACTIVE, JobStatus.COMPLETED})
 
@@ -53,7 +62,7 @@ def job_matches(job: Job, query: JobQuery) -> bool:
 
 def run_matches(run: Run, query: RunQuery) -> bool:
     return (
-        (query.job_id is None or run.job_id == query.job_id)
+        (query.job is None or (run.job_id == query.job.job_id and run.tenant_id == query.job.tenant_id))
         and (query.tenant_id is None or run.tenant_id == query.tenant_id)
         and (not query.states or run.state in query.states)
         and (query.dead_letter is None or run.dead_letter == query.dead_letter)
@@ -72,10 +81,35 @@ def parse_run_cursor(cursor: str) -> tuple[int, str]:
         raise Conflict(f"invalid cursor {cursor!r}") from None
 
 
+def job_cursor(job: Job) -> str:
+    """Jobs are listed by (job id, tenant): two tenants may share an id."""
+    return f"{job.job_id}|{job.tenant_id}"
+
+
+def parse_job_cursor(cursor: str) -> tuple[str, str | None]:
+    """(job id, tenant) of a `job_cursor`; the tenant is None in a cursor from before job ids were
+    scoped by tenant (a bare job id), which continues after every tenant's job of that id."""
+    job_id, sep, tenant = cursor.partition("|")
+    return job_id, tenant if sep else None
+
+
+def after_job_cursor(job: Job, cursor: str) -> bool:
+    job_id, tenant = parse_job_cursor(cursor)
+    if tenant is None:
+        return job.job_id > job_id
+    return (job.job_id, job.tenant_id) > (job_id, tenant)
+
+
+def refuse_corrupt(job: Job) -> None:
+    """`update_job` rewrites the whole record: a marker's placeholders must never be stored."""
+    if job.corrupt is not None:
+        raise Conflict(f"job {str(job.key)!r} does not decode ({job.corrupt}); only its status can change")
+
+
 class MemoryStore:
     def __init__(self) -> None:
         self._lock = threading.RLock()
-        self._jobs: dict[str, Job] = {}
+        self._jobs: dict[JobKey, Job] = {}
         self._runs: dict[str, Run] = {}
         self._idempotency: dict[tuple[str, str], IdempotencyRecord] = {}
         self._workers: dict[str, set[str]] = {}
@@ -89,12 +123,12 @@ class MemoryStore:
                 if known is not None and known.expires_ms > idempotency.created_ms:
                     if known.fingerprint != idempotency.fingerprint:
                         raise IdempotencyConflict(idempotency.key)
-                    original = self._jobs.get(known.job_id)
+                    original = self._jobs.get(known.job_key)
                     if original is not None:
                         return CreateResult(original.model_copy(), created=False, response=known.response)
-            if job.job_id in self._jobs:
+            if job.key in self._jobs:
                 raise DuplicateJob(job.job_id)
-            self._jobs[job.job_id] = job.model_copy()
+            self._jobs[job.key] = job.model_copy()
             for run in runs:
                 self._runs.setdefault(run.run_id, run.model_copy())
             if idempotency is not None:
@@ -111,30 +145,43 @@ class MemoryStore:
                     out.append(False)
         return out
 
-    def get_jobs(self, job_ids: Sequence[str]) -> dict[str, Job]:
+    def get_jobs(self, keys: Sequence[JobKey]) -> dict[JobKey, Job]:
         with self._lock:
-            return {i: self._jobs[i].model_copy() for i in job_ids if i in self._jobs}
+            return {k: self._jobs[k].model_copy() for k in keys if k in self._jobs}
 
     def list_jobs(self, query: JobQuery) -> Page[Job]:
         with self._lock:
-            ids = sorted(i for i, j in self._jobs.items() if job_matches(j, query))
+            jobs = [j for j in self._jobs.values() if job_matches(j, query)]
+        jobs.sort(key=lambda j: (j.job_id, j.tenant_id))
         if query.cursor:
-            ids = [i for i in ids if i > query.cursor]
-        page = ids[: query.limit]
-        jobs = self.get_jobs(page)
-        more = len(ids) > query.limit
-        return Page([jobs[i] for i in page if i in jobs], page[-1] if more and page else None)
+            cursor = query.cursor
+            jobs = [j for j in jobs if after_job_cursor(j, cursor)]
+        page = [j.model_copy() for j in jobs[: query.limit]]
+        more = len(jobs) > query.limit
+        return Page(page, job_cursor(page[-1]) if more and page else None)
 
     def update_job(self, job: Job) -> Job:
+        refuse_corrupt(job)
         with self._lock:
-            current = self._jobs.get(job.job_id)
+            current = self._jobs.get(job.key)
             if current is None:
-                raise JobNotFound(job.job_id)
+                raise JobNotFound(str(job.key))
             if current.version != job.version:
-                raise Conflict(f"job {job.job_id!r} changed (version {current.version}, expected {job.version})")
+                raise Conflict(f"job {str(job.key)!r} changed (version {current.version}, expected {job.version})")
             stored = job.model_copy(update={"version": job.version + 1})
-            self._jobs[job.job_id] = stored
+            self._jobs[job.key] = stored
             return stored.model_copy()
+
+    def set_job_status(
+        self, key: JobKey, status: JobStatus, expect: frozenset[JobStatus], now_ms: int, reason: str | None = None
+    ) -> bool:
+        with self._lock:
+            job = self._jobs.get(key)
+            if job is None or job.status not in expect:
+                return False
+            update = {"status": status, "status_reason": reason, "version": job.version + 1, "updated_ms": now_ms}
+            self._jobs[key] = job.model_copy(update=update)
+            return True
 
     def due_jobs(self, before_ms: int, limit: int) -> list[Job]:
         with self._lock:
@@ -143,7 +190,7 @@ class MemoryStore:
                 for j in self._jobs.values()
                 if j.status is JobStatus.ACTIVE and j.next_fire_ms is not None and j.next_fire_ms <= before_ms
             ]
-        due.sort(key=lambda j: (j.next_fire_ms or 0, j.job_id))
+        due.sort(key=lambda j: (j.next_fire_ms or 0, j.job_id, j.tenant_id))
         return [j.model_copy() for j in due[:limit]]
 
     def add_runs(self, runs: Sequence[Run]) -> list[Run]:
@@ -170,11 +217,11 @@ class MemoryStore:
         more = len(runs) > query.limit
         return Page([r.model_copy() for r in page], run_cursor(page[-1]) if more and page else None)
 
-    def run_counts(self, job_id: str) -> dict[RunState, int]:
+    def run_counts(self, job: JobKey) -> dict[RunState, int]:
         counts: dict[RunState, int] = {}
         with self._lock:
             for run in self._runs.values():
-                if run.job_id == job_id:
+                if run.job_id == job.job_id and run.tenant_id == job.tenant_id:
                     counts[run.state] = counts.get(run.state, 0) + 1
         return counts
 
@@ -210,9 +257,9 @@ class MemoryStore:
                 new = applied(run, t)
                 self._runs[t.run_id] = new
                 out.append(new.model_copy())
-                job = self._jobs.get(run.job_id)
+                job = self._jobs.get(run.job_key)
                 if t.job_status is not None and job is not None and job.status in _FINISHABLE:
-                    self._jobs[job.job_id] = job.model_copy(
+                    self._jobs[job.key] = job.model_copy(
                         update={
                             "status": t.job_status,
                             "version": job.version + 1,
@@ -276,6 +323,26 @@ class MemoryStore:
     def tenant_secret(self, tenant_id: str, candidate: str) -> str:
         with self._lock:
             return self._secrets.setdefault(tenant_id, candidate)
+
+    # -- raw records (tests) ----------------------------------------------------------------------
+
+    def put_raw_job(self, document: Mapping[str, Any], **columns: Any) -> Job:
+        """Store a job document as another version or a hand-written row might have left it,
+        decoded as the SQL stores decode a row (`columns` are the row's plain columns, e.g.
+        `status`); returns what reads will see (a corrupt marker when it does not decode)."""
+        plain = {name: document.get(name) for name in ("job_id", "tenant_id", "name", "status", "version")}
+        job = decode_job(json.dumps(document), {**{k: v for k, v in plain.items() if v is not None}, **columns})
+        with self._lock:
+            self._jobs[job.key] = job
+        return job
+
+    def put_raw_run(self, fields: Mapping[str, Any]) -> Run:
+        """Store a run row as another version or a hand-written row might have left it (see
+        `put_raw_job`)."""
+        run = decode_run(fields)
+        with self._lock:
+            self._runs[run.run_id] = run
+        return run
 
     def close(self) -> None:
         pass

@@ -20,10 +20,11 @@ from jobq.errors import (
     IdempotencyConflict,
     JobNotFound,
 )
-from jobq.models import PRIORITIES_BY_RANK, ApiToken, IdempotencyRecord, Job, Run, RunState, Transition
+from jobq.models import ApiToken, IdempotencyRecord, Job, JobKey, JobStatus, Run, RunState, Transition
 from jobq.ports import CreateResult, JobQuery, Page, RunQuery
 from jobq.postgresdb import RUN_COLUMNS, PostgresDatabase
-from jobq.store.memory import parse_run_cursor, run_cursor
+from jobq.records import DECODE_ERRORS, corrupt_job, corrupt_run, priority_of
+from jobq.store.memory import job_cursor, parse_job_cursor, parse_run_cursor, refuse_corrupt, run_cursor
 
 if TYPE_CHECKING:
     import psycopg.types.json
@@ -44,16 +45,30 @@ _TIERS = "(VALUES (0::smallint), (1::smallint), (2::smallint), (3::smallint)) AS
 
 _INSERT_JOB = (
     "INSERT INTO {jobs} (job_id, tenant_id, name, status, priority, next_fire_ms, version, doc) "
-    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s::jsonb) ON CONFLICT (job_id) DO NOTHING RETURNING job_id"
+    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s::jsonb) ON CONFLICT (tenant_id, job_id) DO NOTHING RETURNING job_id"
 )
 _UPDATE_JOB = (
-    "UPDATE {jobs} SET tenant_id = %s, name = %s, status = %s, priority = %s, next_fire_ms = %s, version = %s, "
-    "doc = %s::jsonb WHERE job_id = %s AND version = %s RETURNING job_id"
+    "UPDATE {jobs} SET name = %s, status = %s, priority = %s, next_fire_ms = %s, version = %s, "
+    "doc = %s::jsonb WHERE tenant_id = %s AND job_id = %s AND version = %s RETURNING job_id"
+)
+_JOB_COLUMNS = "job_id, tenant_id, name, status, priority, next_fire_ms, version, doc::text AS doc"
+# The document's status, version and updated time follow the columns; a document that is not a
+# JSON object (a corrupt row) is left as it is.
+_DOC_STATUS = (
+    "CASE WHEN jsonb_typeof({alias}doc) = 'object' THEN {alias}doc || jsonb_build_object("
+    "'status', {status}::text, 'version', {alias}version + 1, 'updated_ms', {updated}{more}) ELSE {alias}doc END"
+)
+_SET_STATUS = (
+    "UPDATE {jobs} SET status = %(status)s, version = version + 1, doc = "
+    + _DOC_STATUS.format(
+        alias="", status="%(status)s", updated="%(now)s::bigint", more=", 'status_reason', %(reason)s::text"
+    )
+    + " WHERE tenant_id = %(tenant_id)s AND job_id = %(job_id)s AND status = ANY(%(expect)s::text[]) RETURNING job_id"
 )
 _INSERT_JOBS = (
     "INSERT INTO {jobs} (job_id, tenant_id, name, status, priority, next_fire_ms, version, doc) "
     "SELECT * FROM unnest(%b::text[], %b::text[], %b::text[], %b::text[], %b::smallint[], %b::bigint[], "
-    "%b::bigint[], %b::text[]::jsonb[]) ON CONFLICT (job_id) DO NOTHING RETURNING job_id"
+    "%b::bigint[], %b::text[]::jsonb[]) ON CONFLICT (tenant_id, job_id) DO NOTHING RETURNING tenant_id, job_id"
 )
 _INSERT_RUN = (
     "INSERT INTO {runs} ({cols}) VALUES ("
@@ -107,10 +122,15 @@ _EXPIRED = (
 # only), keeping the JSON document's status, version and updated time equal to the columns.
 _FINISH_JOBS = (
     "moved AS ({update}), finished AS ("
-    "UPDATE {jobs} AS j SET status = %(job_status)s, version = j.version + 1, doc = j.doc || jsonb_build_object("
-    "'status', %(job_status)s::text, 'version', j.version + 1, "
-    "'updated_ms', coalesce(to_jsonb(moved.updated_ms), j.doc -> 'updated_ms')) "
-    "FROM moved WHERE j.job_id = moved.job_id AND j.status IN ('ACTIVE', 'COMPLETED')) "
+    "UPDATE {jobs} AS j SET status = %(job_status)s, version = j.version + 1, doc = "
+    + _DOC_STATUS.format(
+        alias="j.",
+        status="%(job_status)s",
+        updated="coalesce(to_jsonb(moved.updated_ms), j.doc -> 'updated_ms')",
+        more="",
+    )
+    + " FROM moved WHERE j.tenant_id = moved.tenant_id AND j.job_id = moved.job_id "
+    "AND j.status IN ('ACTIVE', 'COMPLETED')) "
     "SELECT * FROM moved"
 )
 _COLUMN_TYPES = {
@@ -183,9 +203,23 @@ def _run_values(run: Run) -> list[Any]:
 
 
 def run_from_row(row: DictRow) -> Run:
+    """The run in `row`; a corrupt marker when the row does not decode."""
     data = dict(row)
-    data["priority"] = PRIORITIES_BY_RANK[data["priority"]]
-    return Run.from_store(data)
+    data["priority"] = priority_of(data["priority"])
+    try:
+        return Run.from_store(data)
+    except DECODE_ERRORS as exc:
+        return corrupt_run(data, exc)
+
+
+def job_from_row(row: DictRow) -> Job:
+    """The job in `row` (`_JOB_COLUMNS`); a corrupt marker when its document does not decode."""
+    try:
+        return Job.model_validate_json(row["doc"])
+    except DECODE_ERRORS as exc:
+        columns = {k: row[k] for k in ("job_id", "tenant_id", "name", "status", "next_fire_ms", "version")}
+        columns["priority"] = priority_of(row["priority"])
+        return corrupt_job(row["doc"], columns, exc)
 
 
 def _job_values(job: Job) -> list[Any]:
@@ -251,10 +285,11 @@ class PostgresStore:
                         raise IdempotencyConflict(idempotency.key)
                     if known is not None:
                         original = conn.execute(
-                            db.sql("SELECT doc::text AS doc FROM {jobs} WHERE job_id = %s"), [known["job_id"]]
+                            db.sql(f"SELECT {_JOB_COLUMNS} FROM {{jobs}} WHERE tenant_id = %s AND job_id = %s"),
+                            [idempotency.tenant_id, known["job_id"]],
                         ).fetchone()
                         if original is not None:
-                            return CreateResult(Job.model_validate_json(original["doc"]), False, known["response"])
+                            return CreateResult(job_from_row(original), False, known["response"])
                     # The key names a job that no longer exists: it now names this one (as in SQLite).
                     conn.execute(db.sql(_REPLACE_KEY), key)
             if conn.execute(db.sql(_INSERT_JOB), [job.job_id, *_job_values(job)]).fetchone() is None:
@@ -273,27 +308,39 @@ class PostgresStore:
         db = self.db
         jobs = [job for job, _ in items]
 
-        def body(conn: Connection) -> set[str]:
+        def body(conn: Connection) -> set[JobKey]:
             rows = conn.execute(db.sql(_INSERT_JOBS), _job_columns(jobs)).fetchall()
-            created = {row["job_id"] for row in rows}
-            runs = [run for job, job_runs in items if job.job_id in created for run in job_runs]
+            created = {JobKey(row["tenant_id"], row["job_id"]) for row in rows}
+            runs = [run for job, job_runs in items if job.key in created for run in job_runs]
             if runs:
                 conn.cursor().executemany(db.sql(_INSERT_RUN), [_run_values(r) for r in runs])
             return created
 
         created = db.run(body)
-        return [job.job_id in created for job in jobs]
+        return [job.key in created for job in jobs]
 
-    def get_jobs(self, job_ids: Sequence[str]) -> dict[str, Job]:
-        if not job_ids:
+    def get_jobs(self, keys: Sequence[JobKey]) -> dict[JobKey, Job]:
+        if not keys:
             return {}
-        rows = self.db.read("SELECT doc::text AS doc FROM {jobs} WHERE job_id = ANY(%b::text[])", [list(set(job_ids))])
-        jobs = (Job.model_validate_json(r["doc"]) for r in rows)
-        return {j.job_id: j for j in jobs}
+        unique = list(dict.fromkeys(keys))
+        rows = self.db.read(
+            f"SELECT {_JOB_COLUMNS} FROM {{jobs}} WHERE (tenant_id, job_id) IN "
+            "(SELECT * FROM unnest(%b::text[], %b::text[]))",
+            [[k.tenant_id for k in unique], [k.job_id for k in unique]],
+        )
+        return {JobKey(r["tenant_id"], r["job_id"]): job_from_row(r) for r in rows}
 
     def list_jobs(self, query: JobQuery) -> Page[Job]:
-        where: list[str] = ["job_id > %s"]
-        params: list[Any] = [query.cursor or ""]
+        where: list[str] = []
+        params: list[Any] = []
+        if query.cursor:
+            job_id, tenant = parse_job_cursor(query.cursor)
+            if tenant is None:
+                where.append("job_id > %s")
+                params.append(job_id)
+            else:
+                where.append("(job_id, tenant_id) > (%s, %s)")
+                params.extend([job_id, tenant])
         if query.tenant_id is not None:
             where.append("tenant_id = %s")
             params.append(query.tenant_id)
@@ -306,33 +353,50 @@ class PostgresStore:
         if query.name_prefix:
             where.append("starts_with(name, %s)")  # not LIKE: a prefix may contain % or _
             params.append(query.name_prefix)
-        sql = f"SELECT doc::text AS doc FROM {{jobs}} WHERE {' AND '.join(where)} ORDER BY job_id LIMIT %s"
+        clause = f"WHERE {' AND '.join(where)}" if where else ""
+        sql = f"SELECT {_JOB_COLUMNS} FROM {{jobs}} {clause} ORDER BY job_id, tenant_id LIMIT %s"
         rows = self.db.read(sql, [*params, query.limit + 1])
-        jobs = [Job.model_validate_json(r["doc"]) for r in rows[: query.limit]]
-        return Page(jobs, jobs[-1].job_id if len(rows) > query.limit and jobs else None)
+        jobs = [job_from_row(r) for r in rows[: query.limit]]
+        return Page(jobs, job_cursor(jobs[-1]) if len(rows) > query.limit and jobs else None)
 
     def update_job(self, job: Job) -> Job:
+        refuse_corrupt(job)
         stored = job.model_copy(update={"version": job.version + 1})
         db = self.db
 
         def body(conn: Connection) -> None:
-            params = [*_job_values(stored), job.job_id, job.version]
+            params = [*_job_values(stored)[1:], job.tenant_id, job.job_id, job.version]
             if conn.execute(db.sql(_UPDATE_JOB), params).fetchone() is None:
-                row = conn.execute(db.sql("SELECT version FROM {jobs} WHERE job_id = %s"), [job.job_id]).fetchone()
+                row = conn.execute(
+                    db.sql("SELECT version FROM {jobs} WHERE tenant_id = %s AND job_id = %s"), [*job.key]
+                ).fetchone()
                 if row is None:
-                    raise JobNotFound(job.job_id)
-                raise Conflict(f"job {job.job_id!r} changed (version {row['version']}, expected {job.version})")
+                    raise JobNotFound(str(job.key))
+                raise Conflict(f"job {str(job.key)!r} changed (version {row['version']}, expected {job.version})")
 
         db.run(body)
         return stored
 
+    def set_job_status(
+        self, key: JobKey, status: JobStatus, expect: frozenset[JobStatus], now_ms: int, reason: str | None = None
+    ) -> bool:
+        params = {
+            "status": status.value,
+            "reason": reason,
+            "now": now_ms,
+            "tenant_id": key.tenant_id,
+            "job_id": key.job_id,
+            "expect": sorted(s.value for s in expect),
+        }
+        return bool(self.db.read(_SET_STATUS, params))
+
     def due_jobs(self, before_ms: int, limit: int) -> list[Job]:
         rows = self.db.read(
-            "SELECT doc::text AS doc FROM {jobs} WHERE status = 'ACTIVE' AND next_fire_ms IS NOT NULL "
+            f"SELECT {_JOB_COLUMNS} FROM {{jobs}} WHERE status = 'ACTIVE' AND next_fire_ms IS NOT NULL "
             "AND next_fire_ms <= %s ORDER BY next_fire_ms, job_id LIMIT %s",
             [before_ms, limit],
         )
-        return [Job.model_validate_json(r["doc"]) for r in rows]
+        return [job_from_row(r) for r in rows]
 
     # -- runs ------------------------------------------------------------------------------------
 
@@ -371,9 +435,9 @@ class PostgresStore:
     def list_runs(self, query: RunQuery) -> Page[Run]:
         where: list[str] = []
         params: list[Any] = []
-        if query.job_id is not None:
-            where.append("job_id = %s")
-            params.append(query.job_id)
+        if query.job is not None:
+            where.append("tenant_id = %s AND job_id = %s")
+            params.extend(query.job)
         if query.tenant_id is not None:
             where.append("tenant_id = %s")
             params.append(query.tenant_id)
@@ -392,8 +456,10 @@ class PostgresStore:
         runs = [run_from_row(r) for r in rows[: query.limit]]
         return Page(runs, run_cursor(runs[-1]) if len(rows) > query.limit and runs else None)
 
-    def run_counts(self, job_id: str) -> dict[RunState, int]:
-        rows = self.db.read("SELECT state, count(*) AS n FROM {runs} WHERE job_id = %s GROUP BY state", [job_id])
+    def run_counts(self, job: JobKey) -> dict[RunState, int]:
+        rows = self.db.read(
+            "SELECT state, count(*) AS n FROM {runs} WHERE tenant_id = %s AND job_id = %s GROUP BY state", [*job]
+        )
         return {RunState(r["state"]): int(r["n"]) for r in rows}
 
     def claim(self, run_ids: Sequence[str], now_ms: int, owner: str, lease_ms: int) -> list[Run]:

@@ -2,8 +2,14 @@
 
 Runs are rows with a column per field, so the claim, the transitions and the lease and due
 queries are single indexed statements. Jobs are a JSON document plus the columns that are
-queried. Every write runs in `BEGIN IMMEDIATE`, so concurrent processes serialise on the file
-lock rather than failing.
+queried, keyed by (tenant_id, job_id). Every write runs in `BEGIN IMMEDIATE`, so concurrent
+processes serialise on the file lock rather than failing. Every row is decoded on its own: one
+that does not decode is read as a corrupt marker (`jobq.records`).
+
+A file written before job ids were scoped by tenant (jobs keyed by `job_id` alone) is upgraded
+in place when the store opens it: the jobs table is rebuilt with the composite key, in one
+transaction, keeping its column order (so a process of the previous version still running
+against the file keeps working until it is restarted).
 """
 
 from __future__ import annotations
@@ -14,25 +20,50 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from jobq.errors import Conflict, DuplicateJob, IdempotencyConflict, JobNotFound, StoreError
-from jobq.models import PRIORITIES_BY_RANK, RUN_FIELDS, ApiToken, IdempotencyRecord, Job, Run, RunState, Transition
+from jobq.models import (
+    PRIORITIES_BY_RANK,
+    RUN_FIELDS,
+    ApiToken,
+    IdempotencyRecord,
+    Job,
+    JobKey,
+    JobStatus,
+    Run,
+    RunState,
+    Transition,
+)
 from jobq.ports import CreateResult, JobQuery, Page, RunQuery
+from jobq.records import DECODE_ERRORS, corrupt_job, corrupt_run, priority_of
 from jobq.sqlitedb import SqliteDatabase, placeholders
-from jobq.store.memory import parse_run_cursor, run_cursor
+from jobq.store.memory import job_cursor, parse_job_cursor, parse_run_cursor, refuse_corrupt, run_cursor
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS jobq_jobs (
-    job_id       TEXT PRIMARY KEY,
+# The column order is the previous version's (it inserts positionally); only the key changed.
+_JOBS_TABLE = """
+CREATE TABLE IF NOT EXISTS {name} (
+    job_id       TEXT NOT NULL,
     tenant_id    TEXT NOT NULL,
     name         TEXT NOT NULL,
     status       TEXT NOT NULL,
     priority     INTEGER NOT NULL,
     next_fire_ms INTEGER,
     version      INTEGER NOT NULL,
-    doc          TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS jobq_jobs_due ON jobq_jobs (next_fire_ms)
-    WHERE status = 'ACTIVE' AND next_fire_ms IS NOT NULL;
-CREATE INDEX IF NOT EXISTS jobq_jobs_tenant ON jobq_jobs (tenant_id, job_id);
+    doc          TEXT NOT NULL,
+    PRIMARY KEY (tenant_id, job_id)
+)"""
+_JOBS_INDEXES = (
+    "CREATE INDEX IF NOT EXISTS jobq_jobs_due ON jobq_jobs (next_fire_ms) "
+    "WHERE status = 'ACTIVE' AND next_fire_ms IS NOT NULL",
+    # Listings across tenants are ordered by job id, then tenant.
+    "CREATE INDEX IF NOT EXISTS jobq_jobs_id ON jobq_jobs (job_id, tenant_id)",
+    # The primary key serves a tenant's listing; this index of the previous version is redundant.
+    "DROP INDEX IF EXISTS jobq_jobs_tenant",
+)
+
+SCHEMA = (
+    _JOBS_TABLE.format(name="jobq_jobs")
+    + ";\n"
+    + ";\n".join(_JOBS_INDEXES)
+    + """;
 
 CREATE TABLE IF NOT EXISTS jobq_runs (
     run_id            TEXT PRIMARY KEY,
@@ -66,7 +97,9 @@ CREATE INDEX IF NOT EXISTS jobq_runs_scheduled ON jobq_runs (priority, due_ms, r
 -- The reaper's query: leases that ran out.
 CREATE INDEX IF NOT EXISTS jobq_runs_lease ON jobq_runs (lease_expires_ms)
     WHERE state IN ('CLAIMED', 'DISPATCHED', 'RUNNING');
-CREATE INDEX IF NOT EXISTS jobq_runs_job ON jobq_runs (job_id, nominal_ms);
+-- A job's runs (list_runs, run_counts): the previous version's index had no tenant.
+DROP INDEX IF EXISTS jobq_runs_job;
+CREATE INDEX IF NOT EXISTS jobq_runs_job_key ON jobq_runs (tenant_id, job_id, nominal_ms);
 CREATE INDEX IF NOT EXISTS jobq_runs_dead ON jobq_runs (tenant_id, nominal_ms) WHERE dead_letter = 1;
 
 CREATE TABLE IF NOT EXISTS jobq_idempotency (
@@ -101,6 +134,8 @@ CREATE TABLE IF NOT EXISTS jobq_workers (
     seen_ms   INTEGER NOT NULL
 );
 """
+)
+_JOB_COLUMNS = "job_id, tenant_id, name, status, priority, next_fire_ms, version, doc"
 
 RUN_COLUMNS = RUN_FIELDS  # the table has a column per field
 _INSERT_RUN = (
@@ -108,13 +143,16 @@ _INSERT_RUN = (
 )
 _LEASED = "('CLAIMED', 'DISPATCHED', 'RUNNING')"
 # A one-off's final outcome completes its job in the same transaction; the JSON document and the
-# queried columns change together.
-_FINISH_JOB = """
+# queried columns change together. A document that is not a JSON object (a corrupt row) is left as
+# it is: its columns are what a corrupt marker shows.
+_SET_STATUS = """
 UPDATE jobq_jobs SET status = ?1, version = version + 1,
-    doc = json_set(doc, '$.status', ?1, '$.version', version + 1,
-                   '$.updated_ms', coalesce(?2, json_extract(doc, '$.updated_ms')))
-WHERE job_id = ?3 AND status IN ('ACTIVE', 'COMPLETED')
+    doc = CASE WHEN NOT json_valid(doc) THEN doc WHEN json_type(doc) <> 'object' THEN doc
+               ELSE json_set(doc, '$.status', ?1, '$.version', version + 1,
+                             '$.updated_ms', coalesce(?2, json_extract(doc, '$.updated_ms')){reason}) END
+WHERE tenant_id = ?3 AND job_id = ?4 AND status IN ({expect})
 """
+_FINISH_JOB = _SET_STATUS.format(reason="", expect="'ACTIVE', 'COMPLETED'")
 _CHUNK = 500  # ids per IN (...) list
 
 
@@ -127,12 +165,29 @@ def _run_values(run: Run) -> tuple[Any, ...]:
 
 
 def run_from_row(row: sqlite3.Row) -> Run:
+    """The run in `row`; a corrupt marker when the row does not decode."""
     data = dict(row)
-    data["priority"] = PRIORITIES_BY_RANK[data["priority"]]
-    data["dead_letter"] = bool(data["dead_letter"])
-    if data["result"] is not None:
-        data["result"] = json.loads(data["result"])
-    return Run.from_store(data)
+    try:
+        data["priority"] = priority_of(data["priority"])
+        data["dead_letter"] = bool(data["dead_letter"])
+        if data["result"] is not None:
+            data["result"] = json.loads(data["result"])
+        return Run.from_store(data)
+    except DECODE_ERRORS as exc:
+        raw = dict(row)
+        raw["priority"] = priority_of(raw["priority"])
+        raw.pop("result", None)  # shown only when the row decodes
+        return corrupt_run(raw, exc)
+
+
+def job_from_row(row: sqlite3.Row) -> Job:
+    """The job in `row` (`_JOB_COLUMNS`); a corrupt marker when its document does not decode."""
+    try:
+        return Job.model_validate_json(row["doc"])
+    except DECODE_ERRORS as exc:
+        columns = {k: row[k] for k in ("job_id", "tenant_id", "name", "status", "next_fire_ms", "version")}
+        columns["priority"] = priority_of(row["priority"])
+        return corrupt_job(row["doc"], columns, exc)
 
 
 def _job_row(job: Job) -> tuple[Any, ...]:
@@ -153,10 +208,32 @@ def _chunks(items: Sequence[str]) -> Iterable[Sequence[str]]:
         yield items[i : i + _CHUNK]
 
 
+def _keyed_by_tenant(conn: sqlite3.Connection) -> bool:
+    """Whether jobq_jobs has the (tenant_id, job_id) key, not the previous version's job_id."""
+    key = [r["name"] for r in sorted(conn.execute("PRAGMA table_info(jobq_jobs)"), key=lambda r: r["pk"]) if r["pk"]]
+    return key == ["tenant_id", "job_id"]
+
+
 class SqliteStore:
     def __init__(self, db: SqliteDatabase) -> None:
         self.db = db
         db.executescript(SCHEMA)
+        if not _keyed_by_tenant(db.connection()):
+            self._upgrade()
+
+    def _upgrade(self) -> None:
+        """Rebuild a jobs table of the previous version (key `job_id`) with the key (tenant_id,
+        job_id), in one transaction; another process may have done it first (checked again under
+        the write lock)."""
+        with self.db.write() as conn:
+            if _keyed_by_tenant(conn):
+                return
+            conn.execute(_JOBS_TABLE.format(name="jobq_jobs_keyed"))
+            conn.execute(f"INSERT INTO jobq_jobs_keyed ({_JOB_COLUMNS}) SELECT {_JOB_COLUMNS} FROM jobq_jobs")
+            conn.execute("DROP TABLE jobq_jobs")
+            conn.execute("ALTER TABLE jobq_jobs_keyed RENAME TO jobq_jobs")
+            for statement in _JOBS_INDEXES:
+                conn.execute(statement)
 
     @classmethod
     def from_url(cls, url: str) -> SqliteStore:
@@ -175,11 +252,14 @@ class SqliteStore:
                 if known is not None and known["expires_ms"] > idempotency.created_ms:
                     if known["fingerprint"] != idempotency.fingerprint:
                         raise IdempotencyConflict(idempotency.key)
-                    original = conn.execute("SELECT doc FROM jobq_jobs WHERE job_id=?", (known["job_id"],)).fetchone()
+                    original = conn.execute(
+                        f"SELECT {_JOB_COLUMNS} FROM jobq_jobs WHERE tenant_id = ? AND job_id = ?",
+                        (idempotency.tenant_id, known["job_id"]),
+                    ).fetchone()
                     if original is not None:
-                        return CreateResult(Job.model_validate_json(original["doc"]), False, known["response"])
+                        return CreateResult(job_from_row(original), False, known["response"])
             try:
-                conn.execute("INSERT INTO jobq_jobs VALUES (?, ?, ?, ?, ?, ?, ?, ?)", _job_row(job))
+                conn.execute(f"INSERT INTO jobq_jobs ({_JOB_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", _job_row(job))
             except sqlite3.IntegrityError:
                 raise DuplicateJob(job.job_id) from None
             conn.executemany(_INSERT_RUN.removesuffix(" RETURNING *"), [_run_values(r) for r in runs])
@@ -202,23 +282,41 @@ class SqliteStore:
         out: list[bool] = []
         with self.db.write() as conn:
             for job, runs in items:
-                created = conn.execute("INSERT OR IGNORE INTO jobq_jobs VALUES (?, ?, ?, ?, ?, ?, ?, ?)", _job_row(job))
+                created = conn.execute(
+                    f"INSERT OR IGNORE INTO jobq_jobs ({_JOB_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", _job_row(job)
+                )
                 out.append(created.rowcount == 1)
                 if created.rowcount == 1 and runs:
                     conn.executemany(_INSERT_RUN.removesuffix(" RETURNING *"), [_run_values(r) for r in runs])
         return out
 
-    def get_jobs(self, job_ids: Sequence[str]) -> dict[str, Job]:
-        found: dict[str, Job] = {}
-        for chunk in _chunks(list(dict.fromkeys(job_ids))):
-            sql = f"SELECT doc FROM jobq_jobs WHERE job_id IN ({placeholders(len(chunk))})"
-            for row in self.db.read(sql, chunk):
-                job = Job.model_validate_json(row["doc"])
-                found[job.job_id] = job
+    def get_jobs(self, keys: Sequence[JobKey]) -> dict[JobKey, Job]:
+        by_tenant: dict[str, list[str]] = {}
+        for key in dict.fromkeys(keys):
+            by_tenant.setdefault(key.tenant_id, []).append(key.job_id)
+        found: dict[JobKey, Job] = {}
+        for tenant_id, job_ids in by_tenant.items():
+            for chunk in _chunks(job_ids):
+                sql = (
+                    f"SELECT {_JOB_COLUMNS} FROM jobq_jobs WHERE tenant_id = ? "
+                    f"AND job_id IN ({placeholders(len(chunk))})"
+                )
+                for row in self.db.read(sql, [tenant_id, *chunk]):
+                    job = job_from_row(row)
+                    found[JobKey(row["tenant_id"], row["job_id"])] = job
         return found
 
     def list_jobs(self, query: JobQuery) -> Page[Job]:
-        where, params = ["job_id > ?"], [query.cursor or ""]
+        where: list[str] = []
+        params: list[Any] = []
+        if query.cursor:
+            job_id, tenant = parse_job_cursor(query.cursor)
+            if tenant is None:
+                where.append("job_id > ?")
+                params.append(job_id)
+            else:
+                where.append("(job_id > ? OR (job_id = ? AND tenant_id > ?))")
+                params.extend([job_id, job_id, tenant])
         if query.tenant_id is not None:
             where.append("tenant_id = ?")
             params.append(query.tenant_id)
@@ -231,34 +329,48 @@ class SqliteStore:
         if query.name_prefix:
             where.append("substr(name, 1, ?) = ?")
             params.extend([str(len(query.name_prefix)), query.name_prefix])
-        sql = f"SELECT doc FROM jobq_jobs WHERE {' AND '.join(where)} ORDER BY job_id LIMIT ?"
+        clause = f"WHERE {' AND '.join(where)}" if where else ""
+        sql = f"SELECT {_JOB_COLUMNS} FROM jobq_jobs {clause} ORDER BY job_id, tenant_id LIMIT ?"
         rows = self.db.read(sql, [*params, query.limit + 1])
-        jobs = [Job.model_validate_json(r["doc"]) for r in rows[: query.limit]]
-        return Page(jobs, jobs[-1].job_id if len(rows) > query.limit and jobs else None)
+        jobs = [job_from_row(r) for r in rows[: query.limit]]
+        return Page(jobs, job_cursor(jobs[-1]) if len(rows) > query.limit and jobs else None)
 
     def update_job(self, job: Job) -> Job:
+        refuse_corrupt(job)
         stored = job.model_copy(update={"version": job.version + 1})
         row = _job_row(stored)
         with self.db.write() as conn:
             cur = conn.execute(
-                "UPDATE jobq_jobs SET tenant_id=?, name=?, status=?, priority=?, next_fire_ms=?, version=?, doc=? "
-                "WHERE job_id=? AND version=?",
-                (*row[1:], job.job_id, job.version),
+                "UPDATE jobq_jobs SET name=?, status=?, priority=?, next_fire_ms=?, version=?, doc=? "
+                "WHERE tenant_id=? AND job_id=? AND version=?",
+                (*row[2:], job.tenant_id, job.job_id, job.version),
             )
             if cur.rowcount == 0:
-                exists = conn.execute("SELECT version FROM jobq_jobs WHERE job_id=?", (job.job_id,)).fetchone()
+                exists = conn.execute(
+                    "SELECT version FROM jobq_jobs WHERE tenant_id=? AND job_id=?", (job.tenant_id, job.job_id)
+                ).fetchone()
                 if exists is None:
-                    raise JobNotFound(job.job_id)
-                raise Conflict(f"job {job.job_id!r} changed (version {exists['version']}, expected {job.version})")
+                    raise JobNotFound(str(job.key))
+                raise Conflict(f"job {str(job.key)!r} changed (version {exists['version']}, expected {job.version})")
         return stored
+
+    def set_job_status(
+        self, key: JobKey, status: JobStatus, expect: frozenset[JobStatus], now_ms: int, reason: str | None = None
+    ) -> bool:
+        if not expect:
+            return False
+        sql = _SET_STATUS.format(reason=", '$.status_reason', ?5", expect=placeholders(len(expect)))
+        with self.db.write() as conn:
+            params = (status.value, now_ms, key.tenant_id, key.job_id, reason, *sorted(s.value for s in expect))
+            return conn.execute(sql, params).rowcount == 1
 
     def due_jobs(self, before_ms: int, limit: int) -> list[Job]:
         rows = self.db.read(
-            "SELECT doc FROM jobq_jobs WHERE status = 'ACTIVE' AND next_fire_ms IS NOT NULL AND next_fire_ms <= ? "
-            "ORDER BY next_fire_ms LIMIT ?",
+            f"SELECT {_JOB_COLUMNS} FROM jobq_jobs WHERE status = 'ACTIVE' AND next_fire_ms IS NOT NULL "
+            "AND next_fire_ms <= ? ORDER BY next_fire_ms LIMIT ?",
             (before_ms, limit),
         )
-        return [Job.model_validate_json(r["doc"]) for r in rows]
+        return [job_from_row(r) for r in rows]
 
     # -- runs ---------------------------------------------------------------------------------
 
@@ -282,9 +394,9 @@ class SqliteStore:
     def list_runs(self, query: RunQuery) -> Page[Run]:
         where: list[str] = []
         params: list[Any] = []
-        if query.job_id is not None:
-            where.append("job_id = ?")
-            params.append(query.job_id)
+        if query.job is not None:
+            where.append("tenant_id = ? AND job_id = ?")
+            params.extend(query.job)
         if query.tenant_id is not None:
             where.append("tenant_id = ?")
             params.append(query.tenant_id)
@@ -304,9 +416,15 @@ class SqliteStore:
         runs = [run_from_row(r) for r in rows[: query.limit]]
         return Page(runs, run_cursor(runs[-1]) if len(rows) > query.limit and runs else None)
 
-    def run_counts(self, job_id: str) -> dict[RunState, int]:
-        rows = self.db.read("SELECT state, COUNT(*) FROM jobq_runs WHERE job_id = ? GROUP BY state", (job_id,))
-        return {RunState(r[0]): r[1] for r in rows}
+    def run_counts(self, job: JobKey) -> dict[RunState, int]:
+        rows = self.db.read(
+            "SELECT state, COUNT(*) FROM jobq_runs WHERE tenant_id = ? AND job_id = ? GROUP BY state", tuple(job)
+        )
+        counts: dict[RunState, int] = {}
+        for state, n in rows:
+            if state in RunState.__members__:  # a corrupt row's unknown state is not a state
+                counts[RunState(state)] = n
+        return counts
 
     def claim(self, run_ids: Sequence[str], now_ms: int, owner: str, lease_ms: int) -> list[Run]:
         claimed: list[Run] = []
@@ -351,7 +469,7 @@ class SqliteStore:
                 row = conn.execute(*_transition_sql(t)).fetchone()
                 out.append(None if row is None else run_from_row(row))
                 if row is not None and t.job_status is not None:
-                    conn.execute(_FINISH_JOB, (t.job_status.value, t.at_ms, row["job_id"]))
+                    conn.execute(_FINISH_JOB, (t.job_status.value, t.at_ms, row["tenant_id"], row["job_id"]))
         return out
 
     def expired_leases(self, now_ms: int, limit: int) -> list[Run]:

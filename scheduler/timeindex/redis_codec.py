@@ -5,8 +5,11 @@ Memory decides the encoding (the capacity plan budgets 64 B per indexed run; see
 `jobq.timeindex.redis`):
 
 * Compact members. A `jobq.ids` run id (`job_<26 base32>:<ms>`, 44 characters) is stored in 22
-  bytes: 16 for the 128-bit job id, 6 for the fire time. Any other id is stored verbatim behind a
-  0xFF byte, which never starts a compact member, so every id round-trips exactly.
+  bytes: 16 for the 128-bit job id, 6 for the fire time. A run of another tenant than `default`
+  (`<tenant>/job_<26 base32>:<ms>`) is stored as 0xFF 0xFE, the tenant's length and bytes, then
+  the same 22 bytes. Any other id is stored verbatim behind a 0xFF byte, which never starts a
+  compact member; UTF-8 never holds 0xFE, so no verbatim id starts 0xFF 0xFE either, and every id
+  round-trips exactly.
 * Small scores. A score is `due_ms - (minute start + 30 s)`, which fits the listpack's 16-bit
   integer encoding; `base_ms` is a bucket's origin.
 * The id directory's field is a 63-bit hash of the run id and its value a 31-bit tag of the run's
@@ -27,29 +30,57 @@ CROCKFORD = "0123456789abcdefghjkmnpqrstvwxyz"  # jobq.ids' alphabet
 _TO_PYTHON_BASE32 = str.maketrans(CROCKFORD, "0123456789abcdefghijklmnopqrstuv")  # int(x, 32) digits
 _DIGIT_PAIRS = [a + b for a in CROCKFORD for b in CROCKFORD]  # 10 bits -> two digits
 _COMPACT_ID = re.compile(r"job_([0-7][0-9a-hjkmnp-tv-z]{25}):(0|[1-9][0-9]{0,14})", re.ASCII)
+_TENANT_ID = re.compile(  # Run.make_id of a tenant other than `default`: `<tenant>/<job_id>:<ms>`
+    r"([A-Za-z0-9_.\-]{1,128})/(job_[0-7][0-9a-hjkmnp-tv-z]{25}:(?:0|[1-9][0-9]{0,14}))", re.ASCII
+)
 _VERBATIM = 0xFF  # first byte of a member holding the id as UTF-8; compact members start lower
+_TENANT = 0xFE  # second byte (after 0xFF) of a compact member of a tenant's run: never UTF-8
 
 
 def encode_member(run_id: str) -> bytes:
-    """The sorted-set member for `run_id`: 22 bytes for a `jobq.ids` run id, else 0xFF + UTF-8.
+    """The sorted-set member for `run_id`: 22 bytes for a `jobq.ids` run id (plus 3 and the tenant's
+    length for another tenant's), else 0xFF + UTF-8.
 
     Deterministic, so adding a run again to the same bucket moves it instead of copying it."""
-    match = _COMPACT_ID.fullmatch(run_id)
-    if match:
-        job = int(match.group(1).translate(_TO_PYTHON_BASE32), 32)  # < 2**128: the first digit is 0-7
-        fire_ms = int(match.group(2))
-        if job >> 120 < _VERBATIM and fire_ms < 1 << 48:
-            return job.to_bytes(16, "big") + fire_ms.to_bytes(6, "big")
+    compact = _compact(run_id)
+    if compact is not None and compact[0] != _VERBATIM:
+        return compact
+    tenant = _TENANT_ID.fullmatch(run_id)
+    if tenant is not None:
+        compact = _compact(tenant.group(2))
+        if compact is not None:
+            name = tenant.group(1).encode("ascii")
+            return bytes([_VERBATIM, _TENANT, len(name)]) + name + compact
     return bytes([_VERBATIM]) + run_id.encode("utf-8", "surrogatepass")
+
+
+def _compact(run_id: str) -> bytes | None:
+    """22 bytes for `job_<26 base32>:<ms>` (those of a job id whose first byte is 0xFF too: the
+    caller decides), else None."""
+    match = _COMPACT_ID.fullmatch(run_id)
+    if match is None:
+        return None
+    job = int(match.group(1).translate(_TO_PYTHON_BASE32), 32)  # < 2**128: the first digit is 0-7
+    fire_ms = int(match.group(2))
+    if fire_ms >= 1 << 48:
+        return None
+    return job.to_bytes(16, "big") + fire_ms.to_bytes(6, "big")
 
 
 def decode_member(member: bytes) -> str:
     """The run id `encode_member` was given."""
-    if member[0] == _VERBATIM:
-        return member[1:].decode("utf-8", "surrogatepass")
-    job = int.from_bytes(member[:16], "big")
+    if member[0] != _VERBATIM:
+        return _expand(member)
+    if len(member) > 2 and member[1] == _TENANT:
+        end = 3 + member[2]
+        return f"{member[3:end].decode('ascii')}/{_expand(member[end:])}"
+    return member[1:].decode("utf-8", "surrogatepass")
+
+
+def _expand(compact: bytes) -> str:
+    job = int.from_bytes(compact[:16], "big")
     digits = "".join([_DIGIT_PAIRS[(job >> shift) & 1023] for shift in range(120, -1, -10)])  # 26 digits
-    return f"job_{digits}:{int.from_bytes(member[16:], 'big')}"
+    return f"job_{digits}:{int.from_bytes(compact[16:], 'big')}"
 
 
 def id_hash(run_id: str) -> int:

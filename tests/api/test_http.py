@@ -19,6 +19,7 @@ from jobq.daemons.worker import Worker
 from jobq.deployment import Deployment
 from jobq.models import Schedule, ScheduleType
 from jobq.netpolicy import NetPolicy
+from jobq.store.sqlite import SqliteStore
 from jobq.tasks import TaskRegistry
 from jobq.webhooks import HttpWebhookCaller
 
@@ -109,6 +110,24 @@ def test_the_same_key_with_another_body_is_a_409(acme: httpx.Client) -> None:
     assert error["code"] == "idempotency_conflict" and "different request body" in error["message"]
 
 
+def test_a_job_id_another_tenant_holds_is_free_and_reveals_nothing(api: Api) -> None:
+    """Job ids are per tenant: posting another tenant's id creates one's own job (it used to be
+    `409 duplicate_job`, telling the caller that the id existed elsewhere)."""
+    acme, globex = api.as_tenant("acme"), api.as_tenant("globex")
+    assert acme.post("/v1/jobs", json={**CRON, "job_id": "acme-secret", "job_name": "acme's"}).status_code == 201
+    mine = globex.post("/v1/jobs", json={**CRON, "job_id": "acme-secret", "job_name": "globex's"})
+    assert mine.status_code == 201, mine.text
+    assert (mine.json()["job_id"], mine.json()["tenant_id"]) == ("acme-secret", "globex")
+    assert mine.headers["location"] == "/v1/jobs/acme-secret"
+    assert acme.get("/v1/jobs/acme-secret").json()["job_name"] == "acme's"
+    assert globex.get("/v1/jobs/acme-secret").json()["job_name"] == "globex's"
+    again = _error(globex.post("/v1/jobs", json={**CRON, "job_id": "acme-secret"}), 409)
+    assert (again["code"], again["message"]) == ("duplicate_job", "a job with id 'acme-secret' already exists")
+    assert globex.delete("/v1/jobs/acme-secret").status_code == 204
+    assert acme.get("/v1/jobs/acme-secret").json()["job_status"] == "ACTIVE"
+    assert [j["tenant_id"] for j in globex.get("/v1/jobs").json()["items"]] == ["globex"]
+
+
 def test_idempotency_keys_belong_to_one_tenant(api: Api) -> None:
     a = api.as_tenant("acme").post("/v1/jobs", json=CRON, headers={"Idempotency-Key": "shared"})
     b = api.as_tenant("globex").post("/v1/jobs", json=CRON, headers={"Idempotency-Key": "shared"})
@@ -122,7 +141,7 @@ def test_idempotency_keys_belong_to_one_tenant(api: Api) -> None:
 def test_a_job_shows_its_current_run_lease_fence_and_counts(acme: httpx.Client, deployment: Deployment) -> None:
     due_now = {**_task_job(deployment), "schedule_type": "ONE_OFF", "delay_seconds": 0}  # for the scanner to claim
     job_id = acme.post("/v1/jobs", json=due_now).json()["job_id"]
-    [run] = Client(deployment).runs(job_id).items
+    [run] = Client(deployment, tenant_id="acme").runs(job_id).items
     deployment.store.claim([run.run_id], deployment.clock.now_ms(), "scanner-7", 10_000)
     body = acme.get(f"/v1/jobs/{job_id}").json()
     assert (body["status"], body["job_status"]) == ("CLAIMED", "ACTIVE")
@@ -130,6 +149,25 @@ def test_a_job_shows_its_current_run_lease_fence_and_counts(acme: httpx.Client, 
     assert body["current_run"]["run_id"] == run.run_id
     assert body["run_counts"] == {"CLAIMED": 1}
     assert body["next_run_time_iso"] is not None and "last_heartbeat_at" in body
+
+
+def test_a_job_whose_record_does_not_decode_is_shown_listed_and_cancelled(
+    acme: httpx.Client, deployment: Deployment
+) -> None:
+    job_id = acme.post("/v1/jobs", json={**CRON, "job_id": "poison"}).json()["job_id"]
+    store = deployment.store
+    assert isinstance(store, SqliteStore)
+    with store.db.write() as conn:  # as an older version, a hand edit or a bug could leave it
+        conn.execute("UPDATE jobq_jobs SET doc = json_set(doc, '$.retry.max_retries', -1) WHERE job_id = ?", (job_id,))
+    shown = acme.get(f"/v1/jobs/{job_id}")
+    assert shown.status_code == 200, shown.text
+    body = shown.json()
+    assert body["corrupt"].startswith("retry.max_retries:") and body["job_name"] == CRON["job_name"]
+    assert [(j["job_id"], j["corrupt"] is not None) for j in acme.get("/v1/jobs").json()["items"]] == [("poison", True)]
+    assert _error(acme.post(f"/v1/jobs/{job_id}:pause"), 409)["code"] == "conflict"
+    cancelled = acme.post(f"/v1/jobs/{job_id}:cancel")
+    assert cancelled.status_code == 200, cancelled.text
+    assert (cancelled.json()["job_status"], cancelled.json()["corrupt"] is not None) == ("CANCELLED", True)
 
 
 def test_listing_filters_by_status_priority_and_name_prefix_and_pages(acme: httpx.Client) -> None:
@@ -305,6 +343,10 @@ def test_another_tenant_cannot_read_list_change_or_redrive_a_job(
     assert _error(b.post(f"/v1/dlq/{dead['run_id']}:redrive"), 404)["code"] == "run_not_found"
     assert a.get(f"/v1/jobs/{job_id}").json()["job_status"] == "COMPLETED"  # untouched
     assert a.get("/v1/dlq").json()["items"][0]["run_id"] == dead["run_id"]
+    assert dead["run_id"].startswith("tenant-a/")  # run ids name the tenant (but `default`'s)
+    redriven = a.post(f"/v1/dlq/{dead['run_id']}:redrive")
+    assert redriven.status_code == 200, redriven.text
+    assert (redriven.json()["run_id"], redriven.json()["attempt"]) == (dead["run_id"], 2)
 
 
 def test_a_missing_or_bad_token_is_401_with_a_bearer_challenge(api: Api) -> None:

@@ -133,7 +133,8 @@ def test_a_cron_webhook_fires_signed_with_its_run_id_and_fence(stack: Stack, rec
     got = hook.requests[0]
     h = got.headers
     assert verify(secret, h["x-jobq-timestamp"], got.body, h["x-jobq-signature"])
-    assert h["x-jobq-run-id"].startswith(f"{job_id}:") and h["idempotency-key"] == h["x-jobq-run-id"]
+    # the run id names the tenant (every tenant but `default`): the same job id in two tenants, two ids
+    assert h["x-jobq-run-id"].startswith(f"acme/{job_id}:") and h["idempotency-key"] == h["x-jobq-run-id"]
     assert int(h["x-jobq-fence"]) >= 1 and h["x-jobq-attempt"] == "1"
     run_id = h["x-jobq-run-id"]
     done = stack.wait(

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from factories import T0
+from factories import T0, key
 from moto_server import shared_moto_server
 
 from jobq.clock import ManualClock
@@ -121,16 +121,16 @@ def sink(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[HistorySink
     backend.close()
 
 
-def _event(job: str, n: int, kind: str = "STARTED", **more: object) -> RunEvent:
-    return RunEvent.model_validate(
-        {"run_id": f"{job}:{T0}", "job_id": job, "attempt": n, "fence": n, "kind": kind, "at_ms": T0 + n, **more}
-    )
+def _event(job: str, n: int, kind: str = "STARTED", tenant_id: str = "default", **more: object) -> RunEvent:
+    run_id = f"{job}:{T0}" if tenant_id == "default" else f"{tenant_id}/{job}:{T0}"
+    fields = {"run_id": run_id, "job_id": job, "tenant_id": tenant_id, "attempt": n, "fence": n, "kind": kind}
+    return RunEvent.model_validate({**fields, "at_ms": T0 + n, **more})
 
 
 def test_a_job_s_events_come_back_in_the_order_recorded(sink: HistorySink) -> None:
     sink.record([_event("job_1", 1), _event("job_2", 1), _event("job_1", 1, "FAILED", error="boom")])
     sink.record([_event("job_1", 2), _event("job_1", 2, "SUCCEEDED", worker="w1", duration_ms=12)])
-    events = sink.read("job_1")
+    events = sink.read(key("job_1"))
     assert [(e.attempt, e.kind) for e in events] == [(1, "STARTED"), (1, "FAILED"), (2, "STARTED"), (2, "SUCCEEDED")]
     assert events[1].error == "boom"
     assert (events[3].worker, events[3].duration_ms) == ("w1", 12)
@@ -138,17 +138,37 @@ def test_a_job_s_events_come_back_in_the_order_recorded(sink: HistorySink) -> No
 
 def test_read_is_limited_and_other_jobs_are_not_mixed_in(sink: HistorySink) -> None:
     sink.record([_event("job_1", n) for n in range(1, 6)] + [_event("job_2", 9)])
-    assert [e.attempt for e in sink.read("job_1", limit=3)] == [1, 2, 3]
-    assert [e.attempt for e in sink.read("job_2")] == [9]
-    assert sink.read("job_none") == []
+    assert [e.attempt for e in sink.read(key("job_1"), limit=3)] == [1, 2, 3]
+    assert [e.attempt for e in sink.read(key("job_2"))] == [9]
+    assert sink.read(key("job_none")) == []
+
+
+def test_two_tenants_jobs_of_the_same_id_have_separate_histories(sink: HistorySink) -> None:
+    sink.record([_event("job_1", 1, tenant_id="acme"), _event("job_1", 2), _event("job_1", 3, tenant_id="globex")])
+    assert [e.attempt for e in sink.read(key("job_1", "acme"))] == [1]
+    assert [e.attempt for e in sink.read(key("job_1"))] == [2]
+    assert [(e.tenant_id, e.attempt) for e in sink.read(key("job_1", "globex"))] == [("globex", 3)]
+    assert sink.read(key("job_1", "initech")) == []
 
 
 def test_flush_makes_buffered_events_readable(sink: HistorySink) -> None:
     sink.record([_event("job_1", 1)])
     sink.flush()
-    assert len(sink.read("job_1")) == 1
+    assert len(sink.read(key("job_1"))) == 1
 
 
 def test_recording_nothing_is_a_no_op(sink: HistorySink) -> None:
     sink.record([])
-    assert sink.read("job_1") == []
+    assert sink.read(key("job_1")) == []
+
+
+def test_an_event_row_that_does_not_decode_is_skipped_and_the_others_are_read(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    sink = SqliteHistory(SqliteDatabase(tmp_path / "history.db"))
+    sink.record([_event("job_1", 1), _event("job_1", 2)])
+    with sink.db.write() as conn:  # a row no version of jobq would write
+        conn.execute("UPDATE jobq_run_events SET attempt = 'first' WHERE attempt = 1")
+    assert [e.attempt for e in sink.read(key("job_1"))] == [2]
+    assert "1 events that do not decode skipped" in caplog.text
+    sink.close()

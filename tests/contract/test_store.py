@@ -2,20 +2,23 @@
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from factories import T0, make_job, make_run
+from factories import T0, key, make_job, make_run
 
 from jobq.errors import Conflict, DuplicateJob, IdempotencyConflict, JobNotFound
-from jobq.models import IdempotencyRecord, JobStatus, Priority, RunState, Transition
+from jobq.models import IdempotencyRecord, Job, JobStatus, Priority, RunState, Transition
 from jobq.ports import JobQuery, JobStore, RunQuery
 from jobq.sqlitedb import SqliteDatabase
 from jobq.store.memory import MemoryStore
 from jobq.store.sqlite import SqliteStore
+
+from .poison import write_poison_job, write_poison_run
 
 
 def _memory(tmp_path: Path) -> JobStore:
@@ -122,7 +125,7 @@ def idem(key: str = "k1", fingerprint: str = "f1", job_id: str = "job_1", expire
 class TestJobs:
     def test_a_created_job_can_be_read_back(self, store: JobStore) -> None:
         store.create_job(make_job("job_1", payload={"args": [1], "kwargs": {"a": "b"}}), [])
-        job = store.get_jobs(["job_1"])["job_1"]
+        job = store.get_jobs([key("job_1")])[key("job_1")]
         assert job.payload == {"args": [1], "kwargs": {"a": "b"}}
         assert job.schedule.at_ms == T0
 
@@ -134,7 +137,7 @@ class TestJobs:
         store.create_job(make_job("job_1", name="first"), [])
         with pytest.raises(DuplicateJob):
             store.create_job(make_job("job_1", name="second"), [make_run("job_1", T0 + 5)])
-        assert store.get_jobs(["job_1"])["job_1"].name == "first"
+        assert store.get_jobs([key("job_1")])[key("job_1")].name == "first"
         assert store.get_runs([f"job_1:{T0 + 5}"]) == {}
 
     def test_the_same_idempotency_key_and_body_returns_the_original_job(self, store: JobStore) -> None:
@@ -143,14 +146,14 @@ class TestJobs:
         assert first.created and not again.created
         assert again.job.job_id == "job_1"
         assert again.response == '{"job_id": "job_1"}'
-        assert store.get_jobs(["job_2"]) == {}
+        assert store.get_jobs([key("job_2")]) == {}
         assert store.get_runs([f"job_2:{T0}"]) == {}
 
     def test_the_same_idempotency_key_with_another_body_is_a_conflict(self, store: JobStore) -> None:
         store.create_job(make_job("job_1"), [], idem(fingerprint="f1"))
         with pytest.raises(IdempotencyConflict):
             store.create_job(make_job("job_2"), [], idem(fingerprint="f2", job_id="job_2"))
-        assert store.get_jobs(["job_2"]) == {}
+        assert store.get_jobs([key("job_2")]) == {}
 
     def test_an_expired_idempotency_key_may_be_used_again(self, store: JobStore) -> None:
         store.create_job(make_job("job_1"), [], idem(expires_ms=T0 - 1))
@@ -165,12 +168,12 @@ class TestJobs:
 
     def test_update_is_a_compare_and_set_on_version(self, store: JobStore) -> None:
         store.create_job(make_job("job_1"), [])
-        job = store.get_jobs(["job_1"])["job_1"]
+        job = store.get_jobs([key("job_1")])[key("job_1")]
         updated = store.update_job(job.model_copy(update={"status": JobStatus.PAUSED}))
         assert updated.version == job.version + 1
         with pytest.raises(Conflict):
             store.update_job(job.model_copy(update={"status": JobStatus.CANCELLED}))
-        assert store.get_jobs(["job_1"])["job_1"].status is JobStatus.PAUSED
+        assert store.get_jobs([key("job_1")])[key("job_1")].status is JobStatus.PAUSED
 
     def test_updating_a_missing_job_raises_not_found(self, store: JobStore) -> None:
         with pytest.raises(JobNotFound):
@@ -339,9 +342,9 @@ class TestRuns:
             ]
         )
         store.add_runs([make_run("job_2", T0)])
-        page = store.list_runs(RunQuery(job_id="job_1", limit=2))
+        page = store.list_runs(RunQuery(job=key("job_1"), limit=2))
         assert [r.nominal_ms for r in page.items] == [T0 + 4, T0 + 3]
-        rest = store.list_runs(RunQuery(job_id="job_1", cursor=page.next_cursor, limit=10))
+        rest = store.list_runs(RunQuery(job=key("job_1"), cursor=page.next_cursor, limit=10))
         assert [r.nominal_ms for r in rest.items] == [T0 + 2, T0 + 1, T0]
         assert rest.next_cursor is None
         dead = store.list_runs(RunQuery(dead_letter=True))
@@ -363,7 +366,7 @@ def test_sqlite_store_persists_across_reopening(tmp_path: Path) -> None:
     first.create_job(make_job("job_1"), [make_run("job_1")])
     first.close()
     second = SqliteStore(SqliteDatabase(tmp_path / "s.db"))
-    assert set(second.get_jobs(["job_1"])) == {"job_1"}
+    assert set(second.get_jobs([key("job_1")])) == {key("job_1")}
     assert set(second.get_runs([f"job_1:{T0}"])) == {f"job_1:{T0}"}
     second.close()
 
@@ -375,20 +378,20 @@ class TestTransitionsTouchingJobsAndVersions:
             f"job_1:{T0}", frozenset({S.RUNNING}), S.SUCCEEDED, 1, at_ms=T0 + 9, job_status=JobStatus.COMPLETED
         )
         assert store.transition([t])[0] is not None
-        job = store.get_jobs(["job_1"])["job_1"]
+        job = store.get_jobs([key("job_1")])[key("job_1")]
         assert (job.status, job.version, job.updated_ms) == (JobStatus.COMPLETED, 1, T0 + 9)
 
     def test_a_job_status_is_not_applied_when_the_run_transition_fails(self, store: JobStore) -> None:
         store.create_job(make_job("job_1"), [make_run("job_1", state=S.RUNNING, fence=1)])
         t = Transition(f"job_1:{T0}", frozenset({S.RUNNING}), S.SUCCEEDED, 2, job_status=JobStatus.COMPLETED)
         assert store.transition([t]) == [None]
-        assert store.get_jobs(["job_1"])["job_1"].status is JobStatus.ACTIVE
+        assert store.get_jobs([key("job_1")])[key("job_1")].status is JobStatus.ACTIVE
 
     def test_a_paused_or_cancelled_job_keeps_its_status(self, store: JobStore) -> None:
         store.create_job(make_job("job_1", status=JobStatus.CANCELLED), [make_run("job_1", state=S.RUNNING)])
         t = Transition(f"job_1:{T0}", frozenset({S.RUNNING}), S.SUCCEEDED, 0, job_status=JobStatus.COMPLETED)
         assert store.transition([t])[0] is not None
-        assert store.get_jobs(["job_1"])["job_1"].status is JobStatus.CANCELLED
+        assert store.get_jobs([key("job_1")])[key("job_1")].status is JobStatus.CANCELLED
 
     def test_expect_version_guards_against_a_write_in_between(self, store: JobStore) -> None:
         store.add_runs([make_run("job_1", state=S.RUNNING, fence=1, lease_owner="w", lease_expires_ms=T0)])
@@ -452,7 +455,258 @@ def test_create_jobs_writes_a_batch_and_skips_existing_ids(store: JobStore) -> N
         ]
     )
     assert created == [False, True, True]
-    assert store.get_jobs(["job_1"])["job_1"].name == "first"
+    assert store.get_jobs([key("job_1")])[key("job_1")].name == "first"
     assert store.get_runs([f"job_1:{T0 + 7}"]) == {}
     assert set(store.get_runs([f"job_2:{T0}"])) == {f"job_2:{T0}"}
-    assert set(store.get_jobs(["job_2", "job_3"])) == {"job_2", "job_3"}
+    assert set(store.get_jobs([key("job_2"), key("job_3")])) == {key("job_2"), key("job_3")}
+
+
+def _job_ids(jobs: list[Job]) -> list[tuple[str, str]]:
+    return [(j.tenant_id, j.job_id) for j in jobs]
+
+
+class TestTwoTenantsOneJobId:
+    """Job ids are scoped by tenant: (tenant, job id) is the key in every store."""
+
+    def test_two_tenants_create_and_read_their_own_job_of_the_same_id(self, store: JobStore) -> None:
+        store.create_job(make_job("shared", name="acme's", tenant_id="acme"), [make_run("shared", tenant_id="acme")])
+        store.create_job(make_job("shared", name="globex's", tenant_id="globex"), [])
+        jobs = store.get_jobs([key("shared", "acme"), key("shared", "globex"), key("shared")])
+        assert {k: j.name for k, j in jobs.items()} == {
+            key("shared", "acme"): "acme's",
+            key("shared", "globex"): "globex's",
+        }
+        assert set(store.get_runs([f"acme/shared:{T0}"])) == {f"acme/shared:{T0}"}
+
+    def test_a_job_id_is_refused_as_a_duplicate_only_within_its_tenant(self, store: JobStore) -> None:
+        store.create_job(make_job("shared", tenant_id="acme"), [])
+        with pytest.raises(DuplicateJob):
+            store.create_job(make_job("shared", tenant_id="acme", name="again"), [])
+        assert store.create_job(make_job("shared", tenant_id="globex"), []).created
+        assert store.create_jobs([(make_job("shared", tenant_id="acme"), []), (make_job("shared"), [])]) == [
+            False,
+            True,
+        ]
+
+    def test_their_runs_are_listed_and_counted_apart(self, store: JobStore) -> None:
+        store.create_job(
+            make_job("shared", tenant_id="acme"), [make_run("shared", T0 + i, tenant_id="acme") for i in range(3)]
+        )
+        store.create_job(make_job("shared"), [make_run("shared", T0, state=S.FAILED)])
+        acme = store.list_runs(RunQuery(job=key("shared", "acme"))).items
+        assert [r.run_id for r in acme] == [f"acme/shared:{T0 + i}" for i in (2, 1, 0)]
+        assert [r.run_id for r in store.list_runs(RunQuery(job=key("shared"))).items] == [f"shared:{T0}"]
+        assert store.run_counts(key("shared", "acme")) == {S.SCHEDULED: 3}
+        assert store.run_counts(key("shared")) == {S.FAILED: 1}
+        assert store.run_counts(key("shared", "initech")) == {}
+
+    def test_changing_one_tenants_job_leaves_the_others(self, store: JobStore) -> None:
+        store.create_job(make_job("shared", tenant_id="acme"), [])
+        store.create_job(make_job("shared", tenant_id="globex"), [])
+        acme = store.get_jobs([key("shared", "acme")])[key("shared", "acme")]
+        store.update_job(acme.model_copy(update={"name": "renamed"}))
+        assert store.set_job_status(key("shared", "globex"), JobStatus.CANCELLED, frozenset({JobStatus.ACTIVE}), T0 + 5)
+        jobs = store.get_jobs([key("shared", "acme"), key("shared", "globex")])
+        assert (jobs[key("shared", "acme")].name, jobs[key("shared", "acme")].status) == ("renamed", JobStatus.ACTIVE)
+        assert (jobs[key("shared", "globex")].name, jobs[key("shared", "globex")].status) == (
+            "tests.noop",
+            JobStatus.CANCELLED,
+        )
+        with pytest.raises(JobNotFound):
+            store.update_job(make_job("shared", tenant_id="initech"))
+
+    def test_a_final_outcome_completes_only_its_own_tenants_job(self, store: JobStore) -> None:
+        store.create_job(make_job("shared", tenant_id="acme"), [make_run("shared", tenant_id="acme", state=S.RUNNING)])
+        store.create_job(make_job("shared"), [make_run("shared", state=S.RUNNING)])
+        done = Transition(f"acme/shared:{T0}", frozenset({S.RUNNING}), S.SUCCEEDED, 0, job_status=JobStatus.COMPLETED)
+        assert store.transition([done])[0] is not None
+        jobs = store.get_jobs([key("shared", "acme"), key("shared")])
+        assert (jobs[key("shared", "acme")].status, jobs[key("shared")].status) == (
+            JobStatus.COMPLETED,
+            JobStatus.ACTIVE,
+        )
+
+    def test_the_same_idempotency_key_replays_each_tenants_own_job(self, store: JobStore) -> None:
+        for tenant in ("acme", "globex"):
+            record = idem(job_id="shared").model_copy(update={"tenant_id": tenant, "response": tenant})
+            assert store.create_job(make_job("shared", tenant_id=tenant, name=tenant), [], record).created
+        for tenant in ("acme", "globex"):
+            record = idem(job_id="shared").model_copy(update={"tenant_id": tenant})
+            again = store.create_job(make_job("other", tenant_id=tenant), [], record)
+            assert (again.created, again.job.tenant_id, again.job.name, again.response) == (
+                False,
+                tenant,
+                tenant,
+                tenant,
+            )
+
+    def test_listing_every_tenant_orders_by_job_id_then_tenant_and_pages_over_both(self, store: JobStore) -> None:
+        for tenant, job_id in [("globex", "b"), ("acme", "b"), ("acme", "a"), ("default", "b"), ("acme", "c")]:
+            store.create_job(make_job(job_id, tenant_id=tenant), [])
+        seen, cursor = [], None
+        while True:
+            page = store.list_jobs(JobQuery(cursor=cursor, limit=2))
+            seen += _job_ids(page.items)
+            if page.next_cursor is None:
+                break
+            cursor = page.next_cursor
+        assert seen == [("acme", "a"), ("acme", "b"), ("default", "b"), ("globex", "b"), ("acme", "c")]
+        assert _job_ids(store.list_jobs(JobQuery(tenant_id="acme", limit=2)).items) == [("acme", "a"), ("acme", "b")]
+        assert _job_ids(store.list_jobs(JobQuery(tenant_id="acme", cursor="b|acme")).items) == [("acme", "c")]
+        # A cursor from before job ids were scoped by tenant (a bare id) goes on after that id.
+        assert _job_ids(store.list_jobs(JobQuery(cursor="b")).items) == [("acme", "c")]
+
+    def test_due_jobs_of_both_tenants_are_due(self, store: JobStore) -> None:
+        store.create_job(make_job("shared", tenant_id="acme", next_fire_ms=T0), [])
+        store.create_job(make_job("shared", next_fire_ms=T0 + 1), [])
+        assert _job_ids(store.due_jobs(T0 + 1, 10)) == [("acme", "shared"), ("default", "shared")]
+
+
+class TestSetJobStatus:
+    def test_it_is_a_compare_and_set_on_the_status(self, store: JobStore) -> None:
+        store.create_job(make_job("job_1"), [])
+        assert not store.set_job_status(key("job_1"), JobStatus.CANCELLED, frozenset({JobStatus.PAUSED}), T0 + 1)
+        assert store.set_job_status(key("job_1"), JobStatus.QUARANTINED, frozenset({JobStatus.ACTIVE}), T0 + 2, "why")
+        assert not store.set_job_status(key("job_missing"), JobStatus.CANCELLED, frozenset(JobStatus), T0)
+        job = store.get_jobs([key("job_1")])[key("job_1")]
+        assert (job.status, job.status_reason, job.version, job.updated_ms) == (JobStatus.QUARANTINED, "why", 1, T0 + 2)
+        assert store.list_jobs(JobQuery(status=JobStatus.QUARANTINED)).items[0].job_id == "job_1"
+
+    def test_a_status_other_than_active_takes_the_job_out_of_due_jobs_and_back(self, store: JobStore) -> None:
+        store.create_job(make_job("job_1", next_fire_ms=T0), [])
+        store.set_job_status(key("job_1"), JobStatus.QUARANTINED, frozenset({JobStatus.ACTIVE}), T0)
+        assert store.due_jobs(T0, 10) == []
+        store.set_job_status(key("job_1"), JobStatus.ACTIVE, frozenset({JobStatus.QUARANTINED}), T0)
+        assert [j.job_id for j in store.due_jobs(T0, 10)] == ["job_1"]
+
+    def test_it_changes_a_job_whose_record_does_not_decode(self, store: JobStore) -> None:
+        write_poison_job(store, make_job("poison", next_fire_ms=T0))
+        assert store.set_job_status(key("poison"), JobStatus.CANCELLED, frozenset({JobStatus.ACTIVE}), T0 + 3)
+        job = store.get_jobs([key("poison")])[key("poison")]
+        assert job.corrupt is not None and "max_retries" in job.corrupt  # the record itself is left as it was
+        assert (job.status, job.version) == (JobStatus.CANCELLED, 1)
+        assert store.due_jobs(T0, 10) == []
+
+
+class TestRecordsThatDoNotDecode:
+    """A row written by an older version, by hand or by a bug is read as a corrupt marker."""
+
+    def test_a_job_that_does_not_decode_is_read_as_a_marker_beside_the_others(self, store: JobStore) -> None:
+        store.create_job(make_job("healthy", next_fire_ms=T0), [])
+        write_poison_job(store, make_job("poison", tenant_id="acme", name="poisoned", next_fire_ms=T0))
+        poison = store.get_jobs([key("poison", "acme")])[key("poison", "acme")]
+        assert poison.corrupt is not None and poison.corrupt.startswith("retry.max_retries:")
+        assert (poison.job_id, poison.tenant_id, poison.name, poison.status) == (
+            "poison",
+            "acme",
+            "poisoned",
+            JobStatus.ACTIVE,
+        )
+        assert poison.schedule.at_ms == T0  # the parts of the document that decode are kept
+        assert [(j.job_id, j.corrupt is None) for j in store.due_jobs(T0, 10)] == [("healthy", True), ("poison", False)]
+        assert [(j.job_id, j.corrupt is None) for j in store.list_jobs(JobQuery()).items] == [
+            ("healthy", True),
+            ("poison", False),
+        ]
+
+    def test_a_marker_is_never_written_back_whole(self, store: JobStore) -> None:
+        write_poison_job(store, make_job("poison"))
+        poison = store.get_jobs([key("poison")])[key("poison")]
+        with pytest.raises(Conflict):
+            store.update_job(poison.model_copy(update={"status": JobStatus.PAUSED}))
+
+    def test_a_run_that_does_not_decode_is_read_as_a_marker_beside_the_others(self, store: JobStore) -> None:
+        store.add_runs([make_run("healthy", state=S.RUNNING, fence=2, lease_expires_ms=T0 - 1)])
+        bad = write_poison_run(store, make_run("poison", state=S.RUNNING, fence=3, lease_expires_ms=T0 - 2))
+        [poison, healthy] = store.expired_leases(T0, 10)
+        assert poison.corrupt is not None and poison.corrupt.startswith(f"{bad}:")
+        assert (poison.run_id, poison.job_id, poison.state, poison.fence) == (f"poison:{T0}", "poison", S.RUNNING, 3)
+        assert healthy.corrupt is None and healthy.run_id == f"healthy:{T0}"
+        assert store.get_runs([f"poison:{T0}"])[f"poison:{T0}"].corrupt is not None
+        assert [(r.job_id, r.corrupt is None) for r in store.list_runs(RunQuery()).items] == [
+            ("poison", False),
+            ("healthy", True),
+        ]
+        assert store.run_counts(key("poison")) == {S.RUNNING: 1}
+
+    def test_a_run_that_does_not_decode_can_be_claimed_and_dead_lettered_by_its_state(self, store: JobStore) -> None:
+        write_poison_run(store, make_run("poison", fence=4))
+        [claimed] = store.claim([f"poison:{T0}"], T0, "scanner", 5000)
+        assert claimed.corrupt is not None and (claimed.state, claimed.fence) == (S.CLAIMED, 5)
+        dead = Transition(
+            claimed.run_id,
+            frozenset({S.CLAIMED}),
+            S.FAILED,
+            None,
+            {"dead_letter": True, "last_error": "Corrupt"},
+            bump_fence=True,
+        )
+        [moved] = store.transition([dead])
+        assert moved is not None and (moved.state, moved.dead_letter, moved.last_error) == (S.FAILED, True, "Corrupt")
+        assert [r.run_id for r in store.list_runs(RunQuery(dead_letter=True)).items] == [f"poison:{T0}"]
+
+
+# The jobs table of the version before job ids were scoped by tenant: keyed by job_id alone.
+_PREVIOUS_JOBS_TABLE = """
+CREATE TABLE jobq_jobs (
+    job_id       TEXT PRIMARY KEY,
+    tenant_id    TEXT NOT NULL,
+    name         TEXT NOT NULL,
+    status       TEXT NOT NULL,
+    priority     INTEGER NOT NULL,
+    next_fire_ms INTEGER,
+    version      INTEGER NOT NULL,
+    doc          TEXT NOT NULL
+);
+CREATE INDEX jobq_jobs_due ON jobq_jobs (next_fire_ms) WHERE status = 'ACTIVE' AND next_fire_ms IS NOT NULL;
+CREATE INDEX jobq_jobs_tenant ON jobq_jobs (tenant_id, job_id);
+DROP INDEX jobq_runs_job_key;
+CREATE INDEX jobq_runs_job ON jobq_runs (job_id, nominal_ms);
+"""
+
+
+def test_a_sqlite_file_of_the_previous_version_is_upgraded_in_place_with_its_data(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    SqliteStore(SqliteDatabase(path)).close()  # the other tables, as they were
+    raw = sqlite3.connect(path)
+    with raw:
+        raw.execute("DROP TABLE jobq_jobs")
+        raw.executescript(_PREVIOUS_JOBS_TABLE)
+        for tenant, job_id in (("default", "nightly"), ("acme", "report")):
+            job = make_job(job_id, tenant_id=tenant)
+            raw.execute(
+                "INSERT INTO jobq_jobs VALUES (?, ?, ?, 'ACTIVE', 2, ?, 0, ?)",
+                (job_id, tenant, job.name, T0, job.model_dump_json()),
+            )
+            # The previous version named runs job_id:ms whatever the tenant; those ids stay valid.
+            values = [f"{job_id}:{T0}", job_id, tenant, T0, T0, 2, "SCHEDULED", 1, 0, 0, 0, 0]
+            raw.execute(
+                "INSERT INTO jobq_runs (run_id, job_id, tenant_id, nominal_ms, due_ms, priority, state, attempt, "
+                "fence, version, created_ms, updated_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                values,
+            )
+    with pytest.raises(sqlite3.IntegrityError):  # one job id for every tenant: the old key
+        raw.execute("INSERT INTO jobq_jobs VALUES ('report', 'default', 'x', 'ACTIVE', 2, NULL, 0, '{}')")
+    raw.close()
+
+    opened: list[SqliteStore] = []
+    threads = [threading.Thread(target=lambda: opened.append(SqliteStore(SqliteDatabase(path)))) for _ in range(3)]
+    for t in threads:  # several processes may start on the old file at once
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(opened) == 3
+    store = opened[0]
+    jobs = store.get_jobs([key("nightly"), key("report", "acme"), key("report")])
+    assert set(jobs) == {key("nightly"), key("report", "acme")}
+    assert [r.run_id for r in store.list_runs(RunQuery(job=key("report", "acme"))).items] == [f"report:{T0}"]
+    assert store.run_counts(key("report", "acme")) == {S.SCHEDULED: 1}
+    assert store.create_job(make_job("report"), []).created  # free in `default` now
+    with pytest.raises(DuplicateJob):
+        store.create_job(make_job("report", tenant_id="acme"), [])
+    assert [j.job_id for j in store.due_jobs(T0, 10)] == ["nightly", "report", "report"]
+    indexes = {r["name"] for r in store.db.read("SELECT name FROM sqlite_master WHERE type = 'index'")}
+    assert {"jobq_jobs_due", "jobq_jobs_id", "jobq_runs_job_key"} <= indexes
+    assert not {"jobq_jobs_tenant", "jobq_runs_job"} & indexes
+    for s in opened:
+        s.close()

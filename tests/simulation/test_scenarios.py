@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from jobq.models import JobStatus, RunState
+from jobq.models import JobKey, JobStatus, RunState
 from jobq.ports import RunQuery
 from simulation.runner import beat_monitors, settle
 from simulation.world import World
@@ -40,7 +40,7 @@ def _client(world: World, op: str, job_id: str) -> None:
 
 
 def _runs(world: World, job_id: str) -> list[tuple[RunState, int]]:
-    runs = world.raw.store.list_runs(RunQuery(job_id=job_id, limit=1000)).items
+    runs = world.raw.store.list_runs(RunQuery(job=JobKey("default", job_id), limit=1000)).items
     return sorted((r.state, r.nominal_ms) for r in runs)
 
 

@@ -396,18 +396,18 @@ class World:
         waiting = [r for r in open_runs if r.nominal_ms <= until_ms]
         if not waiting:
             return True
-        jobs = self.raw.store.get_jobs(list({r.job_id for r in waiting}))
-        return all(j.status is JobStatus.PAUSED for j in (jobs.get(r.job_id) for r in waiting) if j is not None)
+        jobs = self.raw.store.get_jobs(list({r.job_key for r in waiting}))
+        return all(j.status is JobStatus.PAUSED for j in (jobs.get(r.job_key) for r in waiting) if j is not None)
 
     def open_problems(self, until_ms: int) -> list[str]:
         """Runs not settled as they should be by now: an unfinished run of an active job due
         before `until_ms` (or any run held by a lease), and executions nothing explains."""
         problems: list[str] = []
-        jobs = {j.job_id: j for j in _all_jobs(self.raw)}
+        jobs = {j.key: j for j in _all_jobs(self.raw)}
         for run in _all_runs(self.raw):
             if run.state.terminal:
                 continue
-            job = jobs.get(run.job_id)
+            job = jobs.get(run.job_key)
             parked = run.state is RunState.SCHEDULED and job is not None and job.status is JobStatus.PAUSED
             if run.state is not RunState.SCHEDULED or (run.nominal_ms <= until_ms and not parked):
                 problems.append(
@@ -434,7 +434,7 @@ class World:
             for fire in cron_for(job.schedule).iter_after(job.created_ms):
                 if fire > until_ms:
                     break
-                if Run.make_id(job.job_id, fire) not in runs:
+                if Run.make_id(job.key, fire) not in runs:
                     problems.append(
                         f"cron job {job.job_id} (fire_all, ALLOW_ALL) has no run for its fire at {fire - T0}"
                     )

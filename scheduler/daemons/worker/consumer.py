@@ -121,11 +121,11 @@ class Consumer:
     def _start(self, wanted: list[_Wanted]) -> tuple[list[Attempt], list[Delivery]]:
         """One job read and one transition batch: starts, and the ends of runs whose job is gone,
         cancelled or paused. Returns the attempts started and the deliveries to drop."""
-        jobs = self.d.store.get_jobs(list({w.envelope.job_id for w in wanted}))
+        jobs = self._jobs(wanted)
         now = self.d.clock.now_ms()
         moves: list[Transition] = []
         for w in wanted:
-            moves.append(self._start_or_end(w.envelope, jobs.get(w.envelope.job_id), now))
+            moves.append(self._start_or_end(w.envelope, jobs.get(w.envelope.run_id), now))
         try:
             results = self.d.store.transition(moves)
         except Exception:
@@ -142,7 +142,7 @@ class Consumer:
                     held.append(IndexEntry(run.run_id, run.due_ms, run.priority))
                 ended.append(w.delivery)
                 continue
-            job = jobs.get(run.job_id)
+            job = jobs.get(run.run_id)
             attempts.append(self._attempt(w, run, job, now))
             METRICS.start_lateness.observe(max(0, now - run.due_ms) / 1000, priority=run.priority.value)
             events.append(event(run, "STARTED", now, worker=self.worker_id))
@@ -155,6 +155,19 @@ class Consumer:
             except Exception:  # beat's repair re-indexes it when it is overdue
                 self.log.exception("could not index %d runs held for their paused job", len(held))
         return attempts, ended
+
+    def _jobs(self, wanted: list[_Wanted]) -> dict[str, Job]:
+        """The job of each message, by run id: one read by the envelopes' job keys. Jobs are never
+        deleted, so a job not found there is a message of the previous version, which named no
+        tenant: its run's row does (read only for those)."""
+        jobs = self.d.store.get_jobs(list({w.envelope.job_key for w in wanted}))
+        found = {w.envelope.run_id: jobs[w.envelope.job_key] for w in wanted if w.envelope.job_key in jobs}
+        lost = [w.envelope.run_id for w in wanted if w.envelope.run_id not in found]
+        if lost:
+            runs = self.d.store.get_runs(lost)
+            more = self.d.store.get_jobs(list({r.job_key for r in runs.values()}))
+            found.update({r.run_id: more[r.job_key] for r in runs.values() if r.job_key in more})
+        return found
 
     def _fresh(self, attempts: list[Attempt]) -> tuple[list[Attempt], list[Delivery]]:
         """Only runs with most of their lease left start executing. A start whose store call hung
@@ -268,6 +281,7 @@ class Consumer:
             timeout_s = task.timeout_s if task.timeout_s is not None else (job.timeout_s if job else None)
         payload = w.envelope.payload if w.envelope.payload_inline else (job.payload if job else None)
         ctx = TaskContext(run.run_id, run.job_id, run.attempt, run.fence, w.envelope.task, self.worker_id)
+        ctx.tenant_id = run.tenant_id
         return Attempt(
             run=run,
             job=job,
