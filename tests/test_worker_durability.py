@@ -4,6 +4,7 @@ items 5 and 6)."""
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -288,3 +289,31 @@ def test_a_stalled_broker_holds_up_neither_outcomes_nor_lease_renewals(h: Harnes
     assert {(r.state, r.attempt) for r in runs if r} == {(RunState.SUCCEEDED, 1)}
     broker.resume.set()
     assert worker.wait_idle(10)
+
+
+def test_a_run_whose_job_stopped_decoding_since_dispatch_is_dead_lettered_not_run(h: Harness) -> None:
+    ran: list[int] = []
+
+    @h.app.task(name="t.count")
+    def count() -> None:
+        ran.append(1)
+
+    job_id = count.delay().job_id  # dispatched at once: its message is queued
+    job = h.client.job(job_id)
+    from jobq.store.memory import MemoryStore
+    from jobq.store.sqlite import SqliteStore
+
+    doc = job.model_dump(mode="json")
+    doc["retry"]["max_retries"] = -1  # a record no version of jobq accepts, written behind its back
+    store = h.d.store
+    if isinstance(store, MemoryStore):
+        store.put_raw_job(doc)
+    else:
+        assert isinstance(store, SqliteStore)
+        with store.db.write() as conn:
+            conn.execute("UPDATE jobq_jobs SET doc = ? WHERE job_id = ?", (json.dumps(doc), job_id))
+    assert h.work() == 1
+    run = h.client.get(job_id).current_run
+    assert ran == [], "the task of a job that does not decode is not run"
+    assert run is not None and run.state is RunState.FAILED and run.dead_letter
+    assert run.last_error is not None and run.last_error.startswith("Corrupt: ")

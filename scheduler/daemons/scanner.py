@@ -19,7 +19,7 @@ from jobq.codec import encode, envelope_for
 from jobq.daemons.base import Daemon, event
 from jobq.daemons.quarantine import Quarantine, needs_quarantine, quarantine_reason
 from jobq.deployment import Deployment
-from jobq.errors import TransportError
+from jobq.errors import ScheduleError, TransportError
 from jobq.ids import new_worker_id
 from jobq.metrics import METRICS
 from jobq.models import (
@@ -285,7 +285,11 @@ class Scanner(Daemon):
             ):
                 kept.append(run)
                 continue
-            newer = cron_for(job.schedule).next_after(run.nominal_ms)
+            try:
+                newer = cron_for(job.schedule).next_after(run.nominal_ms)
+            except ScheduleError:  # a stored expression the dialect now refuses: beat quarantines its job
+                kept.append(run)
+                continue
             if newer is None or newer > now_ms - self.threshold_ms:
                 kept.append(run)  # the newest missed fire: it runs
                 continue

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from jobq.codec import Envelope, UndecodableMessage, decode
 from jobq.daemons.base import event
+from jobq.daemons.quarantine import CORRUPT, needs_quarantine, quarantine_reason
 from jobq.daemons.worker.attempt import STARTABLE, Attempt, Outcome, hand_back, renewal
 from jobq.daemons.worker.execution import webhook_task
 from jobq.daemons.worker.pools import Done, Pool
@@ -207,6 +208,24 @@ class Consumer:
         """The start write, or (its job gone, cancelled or paused since dispatch) the write that
         ends or holds the run instead. Every one is fenced: a late copy of the message fails it."""
         status = None if job is None else job.status
+        if job is not None and needs_quarantine(job):
+            # Its job's record stopped decoding (or was quarantined) since dispatch: like the
+            # scanner, dead-letter the run rather than run a task with arguments nobody can trust.
+            return Transition(
+                envelope.run_id,
+                STARTABLE,
+                RunState.FAILED,
+                envelope.fence,
+                {
+                    "last_error": f"{CORRUPT}{quarantine_reason(job)}"[:2000],
+                    "dead_letter": True,
+                    "finished_ms": now,
+                    "lease_owner": None,
+                    "lease_expires_ms": None,
+                },
+                bump_fence=True,
+                at_ms=now,
+            )
         if status is None or status is JobStatus.CANCELLED:
             return Transition(
                 envelope.run_id,
