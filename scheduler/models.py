@@ -297,6 +297,9 @@ class Run(_Record):
     dispatched_ms: int | None = None
     started_ms: int | None = None
     finished_ms: int | None = None
+    # Times the run was given back without using an attempt: a worker shut down while it ran, or
+    # no worker that took it served its task. Past a bound, a hand-back counts as an attempt.
+    handbacks: int = 0
     # Set only on a record read back that did not decode (`jobq.records`): why. Never stored.
     corrupt: str | None = Field(default=None, exclude=True)
 
@@ -354,6 +357,7 @@ MUTABLE_RUN_FIELDS = frozenset(
         "dispatched_ms",
         "started_ms",
         "finished_ms",
+        "handbacks",
     }
 )
 

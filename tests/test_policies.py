@@ -14,7 +14,7 @@ from jobq.clock import ManualClock
 from jobq.codec import Envelope, encode
 from jobq.errors import MissedWindow
 from jobq.metrics import METRICS
-from jobq.models import JobStatus, Priority, RunState
+from jobq.models import JobStatus, Priority, RetryPolicy, RunState
 from jobq.ports import RunQuery
 from jobq.tasks import TaskContext
 from jobq.timeindex.memory import MemoryTimeIndex
@@ -260,12 +260,15 @@ def test_a_message_for_an_unknown_task_is_left_for_other_workers_then_failed(h: 
 
     spec = JobSpec.model_validate({"schedule_type": "IMMEDIATE", "target": {"type": "TASK", "task": "t.elsewhere"}})
     job = h.client.submit(spec).job
-    h.dispatch()
     worker = h.worker()
-    for _ in range(5):
+    for n in range(5):  # handed on through the store (fence+1), re-dispatched a second later
+        h.dispatch()
         worker.run_once(h.clock.now_ms())
         assert worker.wait_idle(5)
         h.advance(1.1)
+        if n < 4:
+            run = h.client.get(job.job_id).current_run
+            assert run is not None and (run.state, run.handbacks) == (RunState.SCHEDULED, n + 1)
     run = h.client.get(job.job_id).current_run
     assert run is not None and run.state is RunState.FAILED
     assert run.last_error is not None and "UnknownTask" in run.last_error
@@ -343,8 +346,8 @@ def test_shutdown_hands_back_runs_that_outlive_the_grace_period(tmp_path: Path, 
         assert held is not None and held.state is RunState.RUNNING
         worker.shutdown()
         back = h.client.run(held.run_id)
-        assert (back.state, back.attempt, back.fence) == (RunState.SCHEDULED, 1, held.fence + 1)
-        assert back.last_error == "handed back: worker shut down"
+        assert (back.state, back.attempt, back.fence, back.handbacks) == (RunState.SCHEDULED, 1, held.fence + 1, 1)
+        assert back.last_error == "handed back: the worker shut down while it ran"
     finally:
         release.set()
         h.close()
@@ -431,3 +434,39 @@ def test_a_context_flag_wakes_a_waiter_whether_set_before_or_during_the_wait() -
     assert woke == [True] and late.is_set()
     late.clear()
     assert not late.is_set() and late.wait(0.01) is False
+
+
+def test_a_run_handed_back_by_every_shutdown_uses_an_attempt_after_the_third(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    """A deployment that keeps restarting cannot rerun a long task for ever: past MAX_HANDBACKS
+    hand-backs without an attempt, a hand-back counts as a failed attempt (retried, then dead-lettered)."""
+    from jobq.daemons.worker.attempt import MAX_HANDBACKS
+
+    h = Harness("sqlite", tmp_path, clock, shutdown_grace_s=0.05)
+    release = threading.Event()
+    try:
+
+        @h.app.task(name="t.long", retry=RetryPolicy(max_retries=1, initial_interval_sec=0))
+        def long() -> None:
+            release.wait(10)
+
+        handle = long.delay()
+        seen: list[tuple[RunState, int, int]] = []
+        for _ in range(MAX_HANDBACKS + 2):
+            h.advance(1)
+            h.dispatch()
+            worker = h.worker()
+            assert worker.run_once(h.clock.now_ms()) == 1
+            worker.shutdown()  # the task is still running: handed back
+            run = h.client.get(handle.job_id).current_run
+            assert run is not None
+            seen.append((run.state, run.attempt, run.handbacks))
+        assert seen[:MAX_HANDBACKS] == [(RunState.SCHEDULED, 1, n) for n in range(1, MAX_HANDBACKS + 1)]
+        assert seen[MAX_HANDBACKS] == (RunState.SCHEDULED, 2, MAX_HANDBACKS + 1), "the fourth used an attempt"
+        assert seen[MAX_HANDBACKS + 1][0] is RunState.FAILED, "and with no attempt left, it is dead-lettered"
+        final = h.client.get(handle.job_id).current_run
+        assert final is not None and final.last_error is not None and "HandedBack" in final.last_error
+    finally:
+        release.set()
+        h.close()

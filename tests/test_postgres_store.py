@@ -690,7 +690,7 @@ def test_migration_4_keys_jobs_by_tenant_and_keeps_the_data_of_schema_3(schema_u
             execute(old, f"INSERT INTO {{runs}} ({columns}, created_ms, updated_ms) VALUES ({values}, 0, 0)", run)
         with pytest.raises(ConfigError, match="run `jobq init`"):
             PostgresStore.from_url(url)
-        assert old.migrate() == [4]
+        assert old.migrate() == [4, 5]
     finally:
         old.close()
     store = PostgresStore.from_url(url)

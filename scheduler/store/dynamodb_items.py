@@ -47,7 +47,7 @@ R = TypeVar("R", IdempotencyRecord, ApiToken)
 _STR_FIELDS = ("run_id", "job_id", "tenant_id", "state", "lease_owner", "last_error", "prev_run_id", "blocked_by")
 _INT_FIELDS = (
     *("nominal_ms", "due_ms", "attempt", "fence", "version", "lease_expires_ms", "last_heartbeat_ms"),
-    *("deadline_ms", "created_ms", "updated_ms", "dispatched_ms", "started_ms", "finished_ms"),
+    *("deadline_ms", "created_ms", "updated_ms", "dispatched_ms", "started_ms", "finished_ms", "handbacks"),
 )
 #: Every `Run` field, by how it is stored (`priority` as its rank, `result` as JSON text).
 RUN_FIELDS = frozenset({*_STR_FIELDS, *_INT_FIELDS, "priority", "dead_letter", "result"})

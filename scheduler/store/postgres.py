@@ -147,6 +147,7 @@ _COLUMN_TYPES = {
     "dispatched_ms": "bigint",
     "started_ms": "bigint",
     "finished_ms": "bigint",
+    "handbacks": "integer",
 }
 
 

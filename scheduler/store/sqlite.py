@@ -89,7 +89,8 @@ CREATE TABLE IF NOT EXISTS jobq_runs (
     updated_ms        INTEGER NOT NULL,
     dispatched_ms     INTEGER,
     started_ms        INTEGER,
-    finished_ms       INTEGER
+    finished_ms       INTEGER,
+    handbacks         INTEGER NOT NULL DEFAULT 0
 );
 -- The scanner's (and beat's repair) query: due runs of one tier, earliest first, ties by id.
 DROP INDEX IF EXISTS jobq_runs_due;
@@ -220,6 +221,7 @@ class SqliteStore:
         db.executescript(SCHEMA)
         if not _keyed_by_tenant(db.connection()):
             self._upgrade()
+        self._add_run_columns()
 
     def _upgrade(self) -> None:
         """Rebuild a jobs table of the previous version (key `job_id`) with the key (tenant_id,
@@ -234,6 +236,19 @@ class SqliteStore:
             conn.execute("ALTER TABLE jobq_jobs_keyed RENAME TO jobq_jobs")
             for statement in _JOBS_INDEXES:
                 conn.execute(statement)
+
+    def _add_run_columns(self) -> None:
+        """Add the run columns a file of an earlier version lacks (`handbacks`): looked at first, then
+        again under the write lock, which is taken only when one is missing."""
+
+        def missing(conn: sqlite3.Connection) -> bool:
+            return "handbacks" not in {row[1] for row in conn.execute("PRAGMA table_info(jobq_runs)")}
+
+        if not missing(self.db.connection()):
+            return
+        with self.db.write() as conn:
+            if missing(conn):
+                conn.execute("ALTER TABLE jobq_runs ADD COLUMN handbacks INTEGER NOT NULL DEFAULT 0")
 
     @classmethod
     def from_url(cls, url: str) -> SqliteStore:

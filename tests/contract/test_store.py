@@ -710,3 +710,25 @@ def test_a_sqlite_file_of_the_previous_version_is_upgraded_in_place_with_its_dat
     assert not {"jobq_jobs_tenant", "jobq_runs_job"} & indexes
     for s in opened:
         s.close()
+
+
+def test_a_run_counts_its_hand_backs(store: JobStore) -> None:
+    """`handbacks` starts at 0 and a transition may change it, on every backend."""
+    job = make_job("hb")
+    run = make_run("hb", state=RunState.DISPATCHED, fence=1)
+    store.create_job(job, [run])
+    assert store.get_runs([run.run_id])[run.run_id].handbacks == 0
+    [moved] = store.transition(
+        [
+            Transition(
+                run.run_id,
+                frozenset({RunState.DISPATCHED}),
+                RunState.SCHEDULED,
+                1,
+                {"handbacks": 1, "lease_owner": None, "lease_expires_ms": None},
+                bump_fence=True,
+            )
+        ]
+    )
+    assert moved is not None and (moved.handbacks, moved.fence) == (1, 2)
+    assert store.get_runs([run.run_id])[run.run_id].handbacks == 1

@@ -17,6 +17,7 @@ from jobq.retry import decide
 from jobq.tasks import TaskContext, TaskDef
 
 AttemptKey = tuple[str, int]  # (run_id, fence)
+MAX_HANDBACKS = 3  # hand-backs a run may have without using an attempt
 
 RUNNING = frozenset({RunState.RUNNING})
 STARTABLE = frozenset({RunState.CLAIMED, RunState.DISPATCHED})
@@ -109,9 +110,11 @@ def failure(
     now_ms: int,
     *,
     bump_fence: bool = False,
+    **more: Any,
 ) -> tuple[Transition, str]:
     """The write that ends a failed attempt: a retry (SCHEDULED, attempt+1, after the backoff) or
-    FAILED on the dead-letter list. `bump_fence` fences off the execution itself (a time limit)."""
+    FAILED on the dead-letter list. `bump_fence` fences off the execution itself (a time limit);
+    `more` are further changes to write with it."""
     error = outcome.error or "failed"
     if job is None:
         retry, delay_s, reason = False, 0.0, f"{error} (job no longer exists)"
@@ -130,6 +133,7 @@ def failure(
         "lease_expires_ms": None,
         "last_error": reason[:ERROR_MAX_CHARS],
         "result": outcome.result,
+        **more,
     }
     if retry:
         changes = {**cleared, "attempt": run.attempt + 1, "due_ms": now_ms + round(delay_s * 1000), "deadline_ms": None}
@@ -171,18 +175,27 @@ def renewal(run: Run, owner: str, now_ms: int, lease_ms: int) -> Transition:
     )
 
 
-def hand_back(run: Run, owner: str, now_ms: int, reason: str) -> Transition:
-    """Give a started run back unfinished (fence+1, SCHEDULED now): another worker runs it."""
-    return Transition(
+def hand_back(run: Run, job: Job | None, owner: str, now_ms: int, reason: str) -> tuple[Transition, str]:
+    """Give a started run back unfinished (fence+1, SCHEDULED now) so another worker runs it, using
+    no attempt: a worker shutting down, a start that hung. Each hand-back is counted on the run; past
+    `MAX_HANDBACKS`, one counts as a failed attempt (`HandedBack`, retried with backoff or
+    dead-lettered), so a deployment that keeps restarting cannot rerun a long task for ever."""
+    count = run.handbacks + 1
+    if count > MAX_HANDBACKS:
+        error = f"HandedBack: {reason} ({count} times)"
+        return failure(run, job, Outcome(error=error), owner, now_ms, bump_fence=True, handbacks=count)
+    changes = {"due_ms": now_ms, "lease_owner": None, "lease_expires_ms": None, "last_error": f"handed back: {reason}"}
+    move = Transition(
         run.run_id,
         RUNNING,
         RunState.SCHEDULED,
         run.fence,
-        {"due_ms": now_ms, "lease_owner": None, "lease_expires_ms": None, "last_error": reason},
+        {**changes, "handbacks": count},
         bump_fence=True,
         expect_owner=owner,
         at_ms=now_ms,
     )
+    return move, "HANDED_BACK"
 
 
 def looks_written(now: Run, move: Transition) -> bool:

@@ -29,7 +29,8 @@ from jobq.models import PAUSED, PAUSED_RECHECK_MS, WEBHOOK_TASK, Job, JobStatus,
 from jobq.ports import Delivery, IndexEntry
 from jobq.tasks import TaskContext, TaskDef, TaskRegistry, WebhookCaller
 
-UNKNOWN_TASK_REDELIVERIES = 5  # other workers may serve it; after this many deliveries the run fails
+UNKNOWN_TASK_HANDOFFS = 5  # other workers may serve it; after this many hand-ons the run fails
+HAND_ON_DELAY_MS = 1_000
 
 
 @dataclass
@@ -77,21 +78,30 @@ class Consumer:
     def begin(self, deliveries: Sequence[Delivery]) -> list[Attempt]:
         """Start the runs of `deliveries` and hand them to the pool; returns the attempts started.
         Raises only before anything started (the deliveries are then returned to the broker)."""
-        wanted, drop, hand_on = self._sort(deliveries)
+        wanted, drop, unserved = self._sort(deliveries)
+        retry_later: list[Delivery] = []
+        if unserved:
+            try:
+                failing, handed = self._hand_on(unserved)
+                wanted += failing
+                drop += handed
+            except Exception:
+                self.log.exception("could not hand on %d runs of tasks this worker does not serve", len(unserved))
+                retry_later = [w.delivery for w in unserved]
         attempts: list[Attempt] = []
         if wanted:
             try:
                 attempts, ended = self._start(wanted)
             except Exception:
-                self._settle(ack=drop, nack=[w.delivery for w in wanted] + hand_on)
+                self._settle(ack=drop, nack=[w.delivery for w in wanted] + retry_later)
                 raise
             drop += ended
             attempts, refused = self._fresh(attempts)
             drop += refused
-        self._settle(ack=drop, nack=hand_on, delay_s=1.0)
+        self._settle(ack=drop, nack=retry_later, delay_s=1.0)
         for attempt in attempts:
             if attempt.task is _UNSERVED:
-                error = f"UnknownTask: no worker serves {attempt.envelope.task!r}"
+                error = f"UnknownTask: no worker that took it serves {attempt.envelope.task!r}"
                 self.on_done(attempt.key, Outcome(error=error, retryable=False))
             else:
                 self.pool.submit(attempt, self.on_done)
@@ -99,10 +109,11 @@ class Consumer:
 
     # -- steps ----------------------------------------------------------------------------------
 
-    def _sort(self, deliveries: Sequence[Delivery]) -> tuple[list[_Wanted], list[Delivery], list[Delivery]]:
+    def _sort(self, deliveries: Sequence[Delivery]) -> tuple[list[_Wanted], list[Delivery], list[_Wanted]]:
+        """Decoded deliveries this worker can run, those to drop, and those of tasks it does not serve."""
         wanted: list[_Wanted] = []
         drop: list[Delivery] = []
-        hand_on: list[Delivery] = []
+        unserved: list[_Wanted] = []
         for delivery in deliveries:
             try:
                 envelope = decode(delivery.body)
@@ -113,11 +124,51 @@ class Consumer:
             task = self.registry.get(envelope.task)
             if task is None and envelope.task == WEBHOOK_TASK and self.webhook is not None:
                 task = _WEBHOOK
-            if task is None and delivery.delivery_count < UNKNOWN_TASK_REDELIVERIES:
-                hand_on.append(delivery)  # another worker may serve it
+            (wanted if task is not None else unserved).append(_Wanted(delivery, envelope, task))
+        return wanted, drop, unserved
+
+    def _hand_on(self, unserved: list[_Wanted]) -> tuple[list[_Wanted], list[Delivery]]:
+        """Runs of tasks this worker does not serve go back to the scanner for another worker
+        (fence+1, due in a second, the hand-back counted on the run, the message dropped). The count
+        lives in the store, not in the broker's delivery count, which RabbitMQ does not keep: after
+        `UNKNOWN_TASK_HANDOFFS` the run is started here and fails with UnknownTask. Returns those to
+        start and fail, and the deliveries to drop."""
+        now = self.d.clock.now_ms()
+        runs = self.d.store.get_runs([w.envelope.run_id for w in unserved])
+        failing: list[_Wanted] = []
+        moves: list[Transition] = []
+        movers: list[_Wanted] = []
+        for w in unserved:
+            run = runs.get(w.envelope.run_id)
+            if run is None or run.fence != w.envelope.fence:
+                continue  # a stale message: dropped
+            if run.handbacks + 1 >= UNKNOWN_TASK_HANDOFFS:
+                failing.append(w)
                 continue
-            wanted.append(_Wanted(delivery, envelope, task))
-        return wanted, drop, hand_on
+            moves.append(
+                Transition(
+                    run.run_id,
+                    STARTABLE,
+                    RunState.SCHEDULED,
+                    run.fence,
+                    {
+                        "due_ms": now + HAND_ON_DELAY_MS,
+                        "lease_owner": None,
+                        "lease_expires_ms": None,
+                        "handbacks": run.handbacks + 1,
+                        "last_error": f"handed on: worker {self.worker_id} does not serve {w.envelope.task!r}",
+                    },
+                    bump_fence=True,
+                    at_ms=now,
+                )
+            )
+            movers.append(w)
+        moved = self.d.store.transition(moves) if moves else []
+        back = [IndexEntry(r.run_id, r.due_ms, r.priority) for r in moved if r is not None]
+        if back:
+            self.d.index.add(back)
+        failing_ids = {id(w) for w in failing}
+        return failing, [w.delivery for w in unserved if id(w) not in failing_ids]
 
     def _start(self, wanted: list[_Wanted]) -> tuple[list[Attempt], list[Delivery]]:
         """One job read and one transition batch: starts, and the ends of runs whose job is gone,
@@ -195,8 +246,9 @@ class Consumer:
             elif renewed is not None and renewed[i] is None:
                 gone.append(attempt)
             else:
-                move = hand_back(attempt.run, self.worker_id, now, "handed back: its start took a third of its lease")
-                self.state.finish(attempt.key, _deciding(move, "HANDED_BACK", now))
+                why = "its start took a third of a lease"
+                move, kind = hand_back(attempt.run, attempt.job, self.worker_id, now, why)
+                self.state.finish(attempt.key, _deciding(move, kind, now))
         if gone:
             METRICS.fenced_writes.inc(len(gone), op="heartbeat")
             self.state.release(gone)

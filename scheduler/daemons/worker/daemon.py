@@ -241,9 +241,8 @@ class Worker(Daemon):
             for attempt in left:
 
                 def decide(a: Attempt) -> None:
-                    a.decide(
-                        hand_back(a.run, self.worker_id, now, "handed back: worker shut down"), "HANDED_BACK", None, now
-                    )
+                    move, kind = hand_back(a.run, a.job, self.worker_id, now, "the worker shut down while it ran")
+                    a.decide(move, kind, move.changes.get("last_error"), now)
 
                 if self.state.give_up(attempt, decide):
                     attempt.ctx.lease_lost.set()
