@@ -1,6 +1,6 @@
 """Process-local metrics with Prometheus text exposition (`--metrics-port`).
 
-Small on purpose: counters and histograms with a fixed label set, thread-safe, rendered in the
+Small on purpose: counters, gauges and histograms with a fixed label set, thread-safe, rendered in the
 Prometheus text format. Each daemon process exposes its own.
 """
 
@@ -33,6 +33,53 @@ class Counter:
     def render(self) -> Iterable[str]:
         yield f"# HELP {self.name} {self.help}"
         yield f"# TYPE {self.name} counter"
+        with self._lock:
+            items = sorted(self._values.items())
+        for key, value in items:
+            yield f"{self.name}{_labels(self.labels, key)} {value:g}"
+
+
+class Gauge:
+    """A value that goes up and down. Either set it (`set`), or give it a `source` called at each
+    scrape that returns the current value per label tuple (`{("critical",): 12.0}`): the source is
+    how an expensive figure (a store count, a broker depth) is computed once per scrape, not per
+    event. A source that raises leaves the last values in place."""
+
+    def __init__(
+        self,
+        name: str,
+        help_text: str,
+        labels: tuple[str, ...] = (),
+        source: Callable[[], dict[tuple[str, ...], float]] | None = None,
+    ) -> None:
+        self.name, self.help, self.labels, self.source = name, help_text, labels, source
+        self._values: dict[tuple[str, ...], float] = {}
+        self._lock = threading.Lock()
+
+    def set(self, value: float, **labels: str) -> None:
+        key = tuple(labels.get(n, "") for n in self.labels)
+        with self._lock:
+            self._values[key] = value
+
+    def value(self, **labels: str) -> float:
+        key = tuple(labels.get(n, "") for n in self.labels)
+        with self._lock:
+            return self._values.get(key, 0)
+
+    def refresh(self) -> None:
+        if self.source is None:
+            return
+        try:
+            values = self.source()
+        except Exception:  # a scrape must not fail because one figure could not be read
+            return
+        with self._lock:
+            self._values = dict(values)
+
+    def render(self) -> Iterable[str]:
+        self.refresh()
+        yield f"# HELP {self.name} {self.help}"
+        yield f"# TYPE {self.name} gauge"
         with self._lock:
             items = sorted(self._values.items())
         for key, value in items:
@@ -108,11 +155,24 @@ class Metrics:
             "jobq_corrupt_records_total", "Stored records that did not decode, quarantined (job or run).", ("kind",)
         )
 
-    def all(self) -> list[Counter | Histogram]:
-        return [v for v in vars(self).values() if isinstance(v, Counter | Histogram)]
+        self.extra: list[Gauge] = []
+
+    def all(self) -> list[Counter | Gauge | Histogram]:
+        own = [v for v in vars(self).values() if isinstance(v, Counter | Gauge | Histogram)]
+        with _REGISTER_LOCK:
+            return own + list(self.extra)
+
+    def register(self, gauge: Gauge) -> Gauge:
+        """Add (or replace, by name) a gauge a daemon or the API exports; returns it."""
+        with _REGISTER_LOCK:
+            self.extra = [g for g in self.extra if g.name != gauge.name] + [gauge]
+        return gauge
 
     def render(self) -> str:
         return "\n".join(line for metric in self.all() for line in metric.render()) + "\n"
+
+
+_REGISTER_LOCK = threading.Lock()
 
 
 METRICS = Metrics()

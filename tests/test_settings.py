@@ -9,7 +9,7 @@ import pytest
 from services import free_port
 
 from jobq.errors import ConfigError
-from jobq.metrics import METRICS, serve
+from jobq.metrics import METRICS, Gauge, Metrics, serve
 from jobq.settings import Settings
 
 
@@ -84,3 +84,24 @@ def test_metrics_are_served_in_prometheus_text_format() -> None:
     assert 'jobq_runs_dispatched_total{priority="HIGH"}' in body
     assert 'jobq_dispatch_lateness_seconds_bucket{priority="HIGH",le="0.25"}' in body
     assert "jobq_fenced_writes_total" in body
+
+
+def test_gauges_are_set_or_read_from_their_source_once_per_scrape() -> None:
+    calls: list[int] = []
+
+    def depth() -> dict[tuple[str, ...], float]:
+        calls.append(1)
+        if len(calls) > 1:
+            raise RuntimeError("broker away")
+        return {("critical",): 3.0, ("low",): 7.0}
+
+    metrics = Metrics()
+    pool = metrics.register(Gauge("jobq_test_pool_size", "Slots.", ()))
+    pool.set(4)
+    metrics.register(Gauge("jobq_test_backlog", "Backlog.", ("queue",), source=depth))
+    first = metrics.render()
+    assert "# TYPE jobq_test_pool_size gauge" in first and "jobq_test_pool_size 4" in first
+    assert 'jobq_test_backlog{queue="critical"} 3' in first and 'jobq_test_backlog{queue="low"} 7' in first
+    second = metrics.render()  # the source fails: the last values stay, the scrape still answers
+    assert 'jobq_test_backlog{queue="low"} 7' in second
+    assert len(calls) == 2
