@@ -274,6 +274,15 @@ class Delivery:
     delivery_count: int  # 1 on the first delivery
 
 
+@dataclass(frozen=True, slots=True)
+class QueueDepth:
+    """A queue's backlog as the broker sees it, cheaply (one or two broker calls, no consuming)."""
+
+    waiting: int  # messages ready for a consumer now: not in flight, not delayed (approximate on SQS)
+    oldest_age_s: float | None  # seconds since the oldest waiting message was published; None when
+    # the queue has none waiting or the broker cannot tell (RabbitMQ, SQS: see each transport)
+
+
 class Transport(Protocol):
     """Hands published messages to consumers; at-least-once; one queue per priority tier."""
 
@@ -301,6 +310,12 @@ class Transport(Protocol):
 
     def depth(self, queue: str) -> int:
         """Messages in the queue, visible or not (approximate on distributed brokers)."""
+        ...
+
+    def queue_depth(self, queue: str) -> QueueDepth:
+        """The messages waiting in `queue` and the age of the oldest, for gauges and autoscaling.
+        Cheap enough to call every few seconds; never consumes or hides a message. Raises
+        `TransportUnavailable`."""
         ...
 
     def close(self) -> None: ...

@@ -16,7 +16,7 @@ from threading import Condition
 
 from jobq.clock import SYSTEM_CLOCK, Clock
 from jobq.errors import ConfigError, TransportUnavailable
-from jobq.ports import Delivery
+from jobq.ports import Delivery, QueueDepth
 
 # Publish and nack wake waiting consumers; a visibility timeout running out does not (and a
 # manual clock may move at any time), so a waiting consumer looks again at least this often.
@@ -28,6 +28,7 @@ class _Message:
     id: int
     body: bytes
     visible_at_ms: int
+    published_ms: int
     receipt: str | None = None
     delivery_count: int = 0
     # Bumped whenever visible_at_ms changes, so older heap entries for the message are skipped.
@@ -85,7 +86,7 @@ class MemoryTransport:
             now_ms = self._clock.now_ms()
             q = self._queues.setdefault(queue, _Queue())
             for body in bodies:
-                message = _Message(id=next(self._ids), body=bytes(body), visible_at_ms=now_ms)
+                message = _Message(id=next(self._ids), body=bytes(body), visible_at_ms=now_ms, published_ms=now_ms)
                 q.messages[message.id] = message
                 self._queue_of[message.id] = queue
                 q.schedule(message, now_ms)
@@ -148,6 +149,16 @@ class MemoryTransport:
             self._check_open()
             q = self._queues.get(queue)
             return 0 if q is None else len(q.messages)
+
+    def queue_depth(self, queue: str) -> QueueDepth:
+        """The messages of `queue` visible now (exact), and the age of the oldest by publish time
+        on the injected clock. Scans the queue: fine for the sizes an in-process queue holds."""
+        with self._changed:
+            self._check_open()
+            now_ms = self._clock.now_ms()
+            q = self._queues.get(queue)
+            published = [m.published_ms for m in (q.messages.values() if q else ()) if m.visible_at_ms <= now_ms]
+        return QueueDepth(len(published), max(now_ms - min(published), 0) / 1000 if published else None)
 
     def close(self) -> None:
         """Drop every message and wake waiting consumers. Every later call (and every consumer that

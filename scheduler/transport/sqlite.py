@@ -17,7 +17,7 @@ from collections.abc import Iterator, Sequence
 
 from jobq.clock import SYSTEM_CLOCK, Clock
 from jobq.errors import ConfigError, StoreUnavailable, TransportUnavailable
-from jobq.ports import Delivery
+from jobq.ports import Delivery, QueueDepth
 from jobq.sqlitedb import SqliteDatabase
 
 DDL = (
@@ -60,6 +60,9 @@ _NACK = "UPDATE jobq_messages SET visible_at_ms = ?, receipt = NULL WHERE id = ?
 _EXTEND = "UPDATE jobq_messages SET visible_at_ms = ? WHERE id = ? AND receipt = ?"
 
 _DEPTH = "SELECT count(*) FROM jobq_messages WHERE queue = ?"
+
+# A range of the (queue, visible_at_ms) index; the oldest publish time is read off the same rows.
+_WAITING = "SELECT count(*), min(published_ms) FROM jobq_messages WHERE queue = ? AND visible_at_ms <= ?"
 
 # An empty consume polls: first after a few milliseconds so a message published just after
 # costs little latency, then less and less often so idle consumers stay cheap.
@@ -152,6 +155,14 @@ class SqliteTransport:
         with self._translated("count messages"):
             rows = self._db.read(_DEPTH, (queue,))
         return int(rows[0][0])
+
+    def queue_depth(self, queue: str) -> QueueDepth:
+        """The messages of `queue` visible now (exact: a count over the queue's index range, without
+        the write lock), and the age of the oldest of them by its `published_ms`."""
+        with self._translated("count waiting messages"):
+            now_ms = self._clock.now_ms()
+            ((count, oldest_ms),) = self._db.read(_WAITING, (queue, now_ms))
+        return QueueDepth(int(count), max(now_ms - int(oldest_ms), 0) / 1000 if oldest_ms is not None else None)
 
     def close(self) -> None:
         """Close the database when `from_url` opened it; a database passed in stays open."""

@@ -19,7 +19,7 @@ import pytest
 from moto_server import shared_moto_server
 from services import require_rabbitmq, require_redis, unavailable
 
-from jobq.ports import Delivery, Transport
+from jobq.ports import Delivery, QueueDepth, Transport
 from jobq.sqlitedb import SqliteDatabase
 from jobq.transport.memory import MemoryTransport
 from jobq.transport.sqlite import SqliteTransport
@@ -371,6 +371,48 @@ def test_depth_counts_visible_and_in_flight_messages_until_acked(transport: Tran
 
     transport.ack([delivery])
     assert transport.depth("default") == 2
+
+
+# --- queue_depth: the backlog signal for gauges and autoscaling
+
+# Brokers that cannot tell a waiting message's age without consuming it (see jobq.transport.kombu).
+AGE_UNKNOWN = frozenset({"amqp", "sqs"})
+
+
+def test_queue_depth_of_an_empty_queue_is_zero_with_no_age(transport: Transport) -> None:
+    assert transport.queue_depth("default") == QueueDepth(0, None)
+
+
+def test_queue_depth_counts_waiting_messages_but_not_those_in_flight_or_delayed(transport: Transport) -> None:
+    transport.publish("default", [b"a", b"b", b"c", b"d"])
+    transport.publish("low", [b"elsewhere"])
+    assert transport.queue_depth("default").waiting == 4
+
+    taken = transport.consume(["default"], max_messages=2, wait_s=0)
+    assert len(taken) == 2
+    assert transport.queue_depth("default").waiting == 2
+
+    transport.nack([taken[0]], delay_s=30)
+    transport.ack([taken[1]])
+    assert transport.queue_depth("default").waiting == 2
+    assert transport.queue_depth("low").waiting == 1
+
+
+def test_queue_depth_tells_the_age_of_the_oldest_waiting_message_where_the_broker_can(
+    transport: Transport, request: pytest.FixtureRequest
+) -> None:
+    transport.publish("default", [b"old"])
+    time.sleep(0.35)  # let the first message age; the bound below is a floor, not a timing
+    transport.publish("default", [b"new"])
+
+    depth = transport.queue_depth("default")
+
+    assert depth.waiting == 2
+    if request.node.callspec.params["transport"] in AGE_UNKNOWN:
+        assert depth.oldest_age_s is None
+    else:
+        assert depth.oldest_age_s is not None
+        assert 0.3 <= depth.oldest_age_s < 60
 
 
 # --- waiting

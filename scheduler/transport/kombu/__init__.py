@@ -28,6 +28,14 @@ RabbitMQ 1, or 2 for any redelivery (classic queues only flag it); SQS Approxima
 unacked hash); RabbitMQ ready messages plus those this transport holds unacked (other connections'
 unacked messages are invisible over AMQP); SQS visible + in flight + delayed, approximate.
 
+`queue_depth` (messages waiting for a consumer, and the oldest one's age): Redis LLEN of the
+list and, in the same pipeline, the `x-jobq-published-ms` header that jobq's channel stamps on every
+message, read from the message next in line (LINDEX -1; messages published before jobq stamped
+them have no age); RabbitMQ the declare-ok's `message_count` of a `queue.declare` with the queue's
+own arguments (ready messages only; a passive declare would close the channel when the queue does
+not exist yet), no age (AMQP cannot peek); SQS `ApproximateNumberOfMessages`, no age (SQS reports
+`ApproximateAgeOfOldestMessage` only to CloudWatch, once a minute).
+
 `close` hands back every delivery not yet acked: kombu restores the Redis channel's unacked
 messages, RabbitMQ requeues the connection's, and SQS ones are made visible again.
 

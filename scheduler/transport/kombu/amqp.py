@@ -113,6 +113,12 @@ class AmqpBroker:
         self._declared.add(name)
         return int(declared.message_count) + sum(1 for queue in self._unacked.values() if queue == name)
 
+    def waiting(self, name: str) -> tuple[int, float | None]:
+        # The declare-ok counts ready messages only, which is what waits for a consumer.
+        declared = self._open().queue_declare(queue=name, durable=True, auto_delete=False)
+        self._declared.add(name)
+        return int(declared.message_count), None
+
     def maintain(self) -> None:
         if self._channel is None:
             return

@@ -60,6 +60,10 @@ class Broker(Protocol):
 
     def depth(self, name: str) -> int: ...
 
+    def waiting(self, name: str) -> tuple[int, float | None]:
+        """Messages ready for a consumer, and the age in seconds of the oldest when the broker can tell."""
+        ...
+
     def maintain(self) -> None:
         """Housekeeping run before every consume (Redis: restore overdue deliveries)."""
         ...

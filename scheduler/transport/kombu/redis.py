@@ -25,6 +25,10 @@ from jobq.transport.kombu.broker import (
 # through kombu's unacked hash and back onto the list.
 _DELIVERY_COUNT_HEADER = "x-jobq-delivery-count"
 
+# Stamped by jobq's Redis channel on publish (epoch milliseconds), so `waiting` can tell how long
+# the message next in line has waited without consuming it.
+PUBLISHED_MS_HEADER = "x-jobq-published-ms"
+
 # Redis: at most this many overdue deliveries are restored per consume.
 _RESTORE_BATCH = 100
 
@@ -104,8 +108,11 @@ def _redis_transport_class() -> type:
 
             dumps: Any = kombu_json.dumps
             messages = []
+            headers = {PUBLISHED_MS_HEADER: round(time.time() * 1000)}
             for body in bodies:
-                message = self.prepare_message(body, 0, "application/octet-stream", "binary", {}, {"delivery_mode": 2})
+                message = self.prepare_message(
+                    body, 0, "application/octet-stream", "binary", dict(headers), {"delivery_mode": 2}
+                )
                 self._inplace_augment_message(message, "", queue)
                 messages.append(dumps(message))
             if messages:
@@ -201,6 +208,13 @@ class RedisBroker:
             held = sum(1 for raw in client.hvals(unacked_key) if json.loads(raw)[2] == name)
         return waiting + held
 
+    def waiting(self, name: str) -> tuple[int, float | None]:
+        channel = self._open()
+        with channel.conn_or_acquire() as client:
+            # One round trip: the list's length and the message RPOP takes next (the oldest).
+            length, oldest = client.pipeline(transaction=False).llen(name).lindex(name, -1).execute()
+        return int(length), _age_s(oldest)
+
     def maintain(self) -> None:
         now = time.monotonic()
         if now < self._next_restore:
@@ -269,3 +283,16 @@ class RedisBroker:
         # Restore when they are due rather than at the next periodic restore. (Other processes
         # restore them at their own pace: within a quarter of the timeout, 10 s at most.)
         self._next_restore = min(self._next_restore, time.monotonic() + seconds)
+
+
+def _age_s(raw: bytes | str | None) -> float | None:
+    """Seconds since the kombu payload `raw` was published, from jobq's header; None without one."""
+    if raw is None:
+        return None
+    try:
+        published_ms = json.loads(raw)["headers"][PUBLISHED_MS_HEADER]
+    except (ValueError, KeyError, TypeError):
+        return None  # published before jobq stamped messages, or by someone else
+    if not isinstance(published_ms, int | float):
+        return None
+    return max(time.time() * 1000 - published_ms, 0) / 1000

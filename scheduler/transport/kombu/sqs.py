@@ -137,6 +137,11 @@ class SqsBroker:
         )["Attributes"]
         return sum(int(value) for value in attributes.values())
 
+    def waiting(self, name: str) -> tuple[int, float | None]:
+        url, client = self._queue(name)
+        attributes = client.get_queue_attributes(QueueUrl=url, AttributeNames=["ApproximateNumberOfMessages"])
+        return int(attributes["Attributes"]["ApproximateNumberOfMessages"]), None
+
     def maintain(self) -> None:
         """Nothing: SQS returns overdue messages by itself."""
 

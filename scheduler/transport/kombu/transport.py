@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from jobq.errors import ConfigError, TransportError, TransportUnavailable
-from jobq.ports import Delivery
+from jobq.ports import Delivery, QueueDepth
 from jobq.transport.kombu.broker import Broker, BrokerMessage
 
 log = logging.getLogger("jobq.transport")
@@ -153,6 +153,14 @@ class KombuTransport:
     def depth(self, queue: str) -> int:
         """Messages in `queue` not yet acked, visible or not (approximate: see `jobq.transport.kombu`)."""
         return self._call("depth", functools.partial(self._broker.depth, self._name(queue)))
+
+    def queue_depth(self, queue: str) -> QueueDepth:
+        """Messages of `queue` waiting for a consumer and the oldest one's age, in one or two
+        broker calls (how each broker counts, and which can tell the age: `jobq.transport.kombu`)."""
+        waiting, oldest_age_s = self._call(
+            "count waiting messages", functools.partial(self._broker.waiting, self._name(queue))
+        )
+        return QueueDepth(waiting, oldest_age_s if waiting else None)
 
     def health_check(self, max_silence_s: float) -> bool:
         """True while this transport is open, its last broker call succeeded, and a consume came
