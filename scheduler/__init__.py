@@ -20,10 +20,16 @@ from jobq.errors import (
     JobNotFound,
     JobqError,
     MissingExtra,
+    ResultError,
+    ResultExpired,
+    ResultNotKept,
+    ResultTimeout,
     Retry,
     ScheduleError,
     StoreError,
+    TaskCancelled,
     TaskError,
+    TaskFailed,
     TransportError,
     UnknownTask,
     UnknownTimezone,
@@ -43,6 +49,7 @@ from jobq.models import (
     TaskTarget,
     WebhookTarget,
 )
+from jobq.results import ResultState, RunResult
 from jobq.schedules import CronSchedule, next_fire_times
 from jobq.settings import Settings
 from jobq.submission import JobSpec
@@ -64,6 +71,9 @@ __all__ = [
     "JobView",
     "Submitted",
     "JobSpec",
+    # results
+    "RunResult",
+    "ResultState",
     # model
     "Job",
     "Run",
@@ -105,6 +115,12 @@ __all__ = [
     "TaskError",
     "Retry",
     "Fail",
+    "ResultError",
+    "TaskFailed",
+    "TaskCancelled",
+    "ResultExpired",
+    "ResultNotKept",
+    "ResultTimeout",
     "__version__",
 ]
 

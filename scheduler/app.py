@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Generic, ParamSpec, TypeVar, overload
@@ -21,10 +22,11 @@ from typing import Any, Generic, ParamSpec, TypeVar, overload
 from jobq.client import Client, Submitted
 from jobq.clock import SYSTEM_CLOCK, Clock
 from jobq.deployment import Deployment
-from jobq.errors import InvalidJob
+from jobq.errors import InvalidJob, ResultTimeout, TaskCancelled
 from jobq.models import (
     DstGap,
     DstOverlap,
+    JobStatus,
     MisfirePolicy,
     OverlapPolicy,
     Priority,
@@ -65,10 +67,39 @@ class JobHandle:
         self.key = submitted.job.key
         self.created = submitted.created
         self.next_fire_times = submitted.next_fire_times
+        self._run_id: str | None = None
 
     def wait(self, timeout_s: float = 30.0) -> Run:
         """Block until the job's current run finishes; returns the run (check `.state`, `.result`)."""
         return self.app.client.wait(self.key, timeout_s=timeout_s)
+
+    def get(self, timeout: float | None = 30.0) -> Any:
+        """The task's return value, waiting up to `timeout` seconds (None: forever) for the job's run
+        to finish: for `delay()` and a one-off, its only run; for a cron job, its current run (the
+        oldest unfinished one, waiting for the next fire when none is open).
+
+        Raises `jobq.TaskFailed` with the task's final error (`error_type`, `message`) once retries
+        are exhausted, `TaskCancelled`, `ResultExpired` (older than `result_ttl_s`), `ResultNotKept`
+        (not JSON, or larger than 64 KiB), or `ResultTimeout` (a `TimeoutError`)."""
+        client = self.app.client
+        deadline = None if timeout is None else time.monotonic() + timeout
+        run_id = self._run_id
+        pause = 0.02
+        while run_id is None:
+            view = client.get(self.key)
+            if view.current_run is not None:
+                run_id = view.current_run.run_id
+                break
+            if view.job.status is JobStatus.CANCELLED:
+                raise TaskCancelled(f"{self.key}:(no run yet)", "the job was cancelled before its first run")
+            if deadline is not None and time.monotonic() >= deadline:
+                raise ResultTimeout(f"{self.key}:(no run yet)", timeout or 0.0, "no run yet")
+            time.sleep(pause)
+            pause = min(pause * 1.5, 0.5)
+        if not self.job.recurring:
+            self._run_id = run_id  # a one-off has one run: look it up once
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        return client.result(run_id, timeout_s=left)
 
     def cancel(self) -> None:
         self.app.client.cancel(self.key)

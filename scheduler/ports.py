@@ -173,6 +173,14 @@ class JobStore(Protocol):
         """SCHEDULED runs with `due_ms <= before_ms`, by priority then due time."""
         ...
 
+    def expire_results(self, finished_before_ms: int, limit: int) -> int:
+        """Clear the result of up to `limit` finished runs (SUCCEEDED, FAILED or CANCELLED) that
+        finished before `finished_before_ms` and still hold one; returns how many were cleared.
+        Each clear is conditional on the run still being finished before the bound, so a run
+        redriven meanwhile keeps its result. Not a state change: `version` and `updated_ms` stay.
+        Idempotent; safe to call from many reapers at once."""
+        ...
+
     def idempotency(self, tenant_id: str, key: str, now_ms: int) -> IdempotencyRecord | None:
         """The unexpired record of this key, if any."""
         ...

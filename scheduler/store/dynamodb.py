@@ -34,6 +34,7 @@ from jobq.errors import Conflict, DuplicateJob, IdempotencyConflict, JobNotFound
 from jobq.models import (
     LEASED_STATES,
     PRIORITIES_BY_RANK,
+    TERMINAL_STATES,
     ApiToken,
     IdempotencyRecord,
     Job,
@@ -60,6 +61,7 @@ from jobq.store.dynamodb_items import (
     job_item_key,
     job_pk,
     plan_gsi1,
+    plan_gsi2,
     run_from_item,
     run_item,
     run_key,
@@ -409,6 +411,7 @@ class DynamoStore:
         for name, value in t.changes.items():  # names are whitelisted by Transition
             e.set(name, field_value(name, value))
         plan_gsi1(e, t)
+        plan_gsi2(e, t)
         if len(t.expect) == 1:
             e.when("state", "=", as_s(next(iter(t.expect)).value))
         else:
@@ -464,6 +467,33 @@ class DynamoStore:
         partitions = [f"{s.value}#{n}" for s in sorted(LEASED_STATES) for n in range(SHARDS)]
         runs = [run_from_item(i) for i in self._gsi_shards("GSI1", partitions, limit, "<", as_n(now_ms))]
         return sorted(runs, key=lambda r: (r.lease_expires_ms or 0, r.run_id))[:limit]
+
+    def expire_results(self, finished_before_ms: int, limit: int) -> int:
+        """16 GSI2 queries (``RESULT#<shard>``, ``GSI2SK < finished_before_ms``) in parallel, then
+        one conditional UpdateItem per run that removes the result and the run's GSI2 entry. (A
+        table TTL cannot do this: it deletes whole items, and a run outlives its result.)"""
+        if limit <= 0:
+            return 0
+        partitions = [f"RESULT#{n}" for n in range(SHARDS)]
+        items = self._gsi_shards("GSI2", partitions, limit, "<", as_n(finished_before_ms))
+        items = sorted(items, key=lambda i: int(i["GSI2SK"]["N"]))[:limit]
+
+        def clear(item: Item) -> bool:
+            e = Expr()
+            for name in ("result", "GSI2PK", "GSI2SK"):
+                e.set(name, None)
+            e.when("finished_ms", "<", as_n(finished_before_ms))
+            e.when_in("state", sorted(s.value for s in TERMINAL_STATES))
+            key = {"PK": item["PK"], "SK": item["SK"]}
+            try:
+                response = self.table.call(
+                    "update_item", **e.update(TableName=self.table.name, Key=key, ReturnValues="UPDATED_OLD")
+                )
+            except ConditionFailed:
+                return False  # redriven meanwhile: it left GSI2 with that write
+            return "result" in response.get("Attributes", {})
+
+        return sum(self.table.parallel(clear, items))
 
     def overdue_runs(self, before_ms: int, limit: int) -> list[Run]:
         """Tier by tier, CRITICAL first: 16 GSI1 queries (``SCHEDULED#<tier>#<shard>``,

@@ -102,6 +102,9 @@ CREATE INDEX IF NOT EXISTS jobq_runs_lease ON jobq_runs (lease_expires_ms)
 DROP INDEX IF EXISTS jobq_runs_job;
 CREATE INDEX IF NOT EXISTS jobq_runs_job_key ON jobq_runs (tenant_id, job_id, nominal_ms);
 CREATE INDEX IF NOT EXISTS jobq_runs_dead ON jobq_runs (tenant_id, nominal_ms) WHERE dead_letter = 1;
+-- The reaper's result expiry: finished runs that still hold a result, oldest first.
+CREATE INDEX IF NOT EXISTS jobq_runs_result ON jobq_runs (finished_ms)
+    WHERE result IS NOT NULL AND state IN ('SUCCEEDED', 'FAILED', 'CANCELLED');
 
 CREATE TABLE IF NOT EXISTS jobq_idempotency (
     tenant_id   TEXT NOT NULL,
@@ -494,6 +497,16 @@ class SqliteStore:
             (now_ms, limit),
         )
         return [run_from_row(r) for r in rows]
+
+    def expire_results(self, finished_before_ms: int, limit: int) -> int:
+        with self.db.write() as conn:
+            cursor = conn.execute(
+                "UPDATE jobq_runs SET result = NULL WHERE run_id IN (SELECT run_id FROM jobq_runs "
+                "WHERE result IS NOT NULL AND state IN ('SUCCEEDED', 'FAILED', 'CANCELLED') AND finished_ms < ?1 "
+                "ORDER BY finished_ms LIMIT ?2)",
+                (finished_before_ms, limit),
+            )
+            return cursor.rowcount
 
     def overdue_runs(self, before_ms: int, limit: int) -> list[Run]:
         return [run_from_row(r) for r in self.overdue_rows("*", before_ms, limit)]
