@@ -49,6 +49,7 @@ from jobq.models import (
     TaskTarget,
     WebhookTarget,
 )
+from jobq.periodic import Periodic, SyncReport
 from jobq.results import ResultState, RunResult
 from jobq.schedules import CronSchedule, next_fire_times
 from jobq.settings import Settings
@@ -64,6 +65,8 @@ __all__ = [
     "Task",
     "default_app",
     "task",
+    "Periodic",
+    "SyncReport",
     "TaskContext",
     "current_context",
     # control plane

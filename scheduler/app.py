@@ -8,6 +8,9 @@ def send_invoice(invoice_id: int) -> None: ...
 send_invoice.delay(42)                                  # now
 send_invoice.schedule(delay_s=45, args=(42,))           # in 45 s
 send_invoice.schedule(cron="0 2 1 * *", tz="America/New_York", args=(42,), job_id="monthly-42")
+
+@app.periodic(cron="0 2 1 * *", tz="America/New_York")  # synced when workers or beat start
+def monthly_billing() -> None: ...
 """
 
 from __future__ import annotations
@@ -22,10 +25,11 @@ from typing import Any, Generic, ParamSpec, TypeVar, overload
 from jobq.client import Client, Submitted
 from jobq.clock import SYSTEM_CLOCK, Clock
 from jobq.deployment import Deployment
-from jobq.errors import InvalidJob, ResultTimeout, TaskCancelled
+from jobq.errors import DuplicateJob, InvalidJob, ResultTimeout, TaskCancelled
 from jobq.models import (
     DstGap,
     DstOverlap,
+    JobKey,
     JobStatus,
     MisfirePolicy,
     OverlapPolicy,
@@ -34,6 +38,7 @@ from jobq.models import (
     Run,
     ScheduleType,
 )
+from jobq.periodic import Periodic, SyncReport, check_entries, sync
 from jobq.settings import Settings
 from jobq.submission import JobSpec
 from jobq.tasks import TaskDef, TaskRegistry
@@ -186,7 +191,17 @@ class Task(Generic[P, R]):
             },
             names=_ARGUMENTS,
         )
-        submitted = self.app.client.submit(spec, idempotency_key=idempotency_key)
+        client = self.app.client
+        try:
+            submitted = client.submit(spec, idempotency_key=idempotency_key)
+        except DuplicateJob:
+            # A module that schedules a job id when imported is imported again by every worker: the
+            # same spec names the job that exists; another spec is a real clash.
+            key = JobKey(spec.tenant_id, spec.job_id or "")
+            existing = client.store.get_jobs([key]).get(key)
+            if existing is None or existing.spec_fingerprint != spec.fingerprint():
+                raise DuplicateJob(spec.job_id or "", different=True) from None
+            submitted = Submitted(existing, False)
         return JobHandle(self.app, submitted)
 
     def __repr__(self) -> str:
@@ -201,9 +216,14 @@ class App:
         store: str | None = None,
         settings: Settings | None = None,
         clock: Clock = SYSTEM_CLOCK,
+        schedules: Sequence[Periodic] = (),
         **overrides: Any,
     ) -> None:
+        """`name` identifies the app's declared schedules in the store (their job ids are
+        `<name>.<entry>`): give every code base that shares a store its own."""
         self.name = name
+        self.schedules: list[Periodic] = list(schedules)
+        check_entries(name, self.schedules)  # a bad entry fails here, naming its argument
         self.registry = TaskRegistry()
         self.clock = clock
         self._settings = settings
@@ -273,6 +293,35 @@ class App:
             return Task(self, definition)
 
         return register(fn) if fn is not None else register
+
+    def periodic(
+        self,
+        *,
+        cron: str,
+        tz: str = "UTC",
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        name: str | None = None,
+        **options: Any,
+    ) -> Callable[[Callable[P, R]], Task[P, R]]:
+        """Register the function as a task (unless it is one already) and declare a schedule for it:
+        `@app.periodic(cron="0 2 1 * *", tz="America/New_York")`. `options` are `Periodic`'s
+        (priority, retry, tenant_id, misfire, overlap, ...). Workers and beat sync the declared
+        schedules when they start (`sync_schedules`). Raises `InvalidJob` naming the argument."""
+
+        def declare(fn: Callable[P, R]) -> Task[P, R]:
+            registered: Task[P, R] = fn if isinstance(fn, Task) else self.task(fn)
+            entry = Periodic(registered.name, cron, tz, tuple(args), kwargs, name, **options)
+            check_entries(self.name, [*self.schedules, entry])
+            self.schedules.append(entry)
+            return registered
+
+        return declare
+
+    def sync_schedules(self) -> SyncReport:
+        """Make the store hold exactly this app's declared schedules: create the absent, update the
+        changed, pause the removed (`jobq.periodic`). Idempotent; safe from many processes at once."""
+        return sync(self.client, self.name, self.schedules)
 
     def on_dev_start(self, fn: Callable[[App], None]) -> Callable[[App], None]:
         """Register `fn(app)` to run when `jobq dev` starts, e.g. to seed example jobs.

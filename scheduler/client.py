@@ -95,6 +95,7 @@ class Client:
         respond: Callable[[Job, builtins.list[int]], str] | None = None,
         fingerprint: str | None = None,
         known_tasks: set[str] | None = None,
+        declared_by: str | None = None,
     ) -> Submitted:
         """Validate and store the job with its first runs (and idempotency key) atomically.
 
@@ -102,7 +103,8 @@ class Client:
         so a spec built without validation is checked too. A spec that names no tenant is this
         client's tenant. `respond(job, next_fire_times)` renders the response to keep with the
         key, so a replay returns it verbatim; `fingerprint` overrides the spec's (the API hashes
-        the request as sent). Raises `InvalidJob` (nothing written), `IdempotencyConflict`,
+        the request as sent). `declared_by` marks the job as a declared schedule of that app
+        (`jobq.periodic`). Raises `InvalidJob` (nothing written), `IdempotencyConflict`,
         `DuplicateJob`."""
         spec = JobSpec.parse(spec, tenant_id=self.tenant_id)
         if self.tenant_id is not None and spec.tenant_id != self.tenant_id:
@@ -111,6 +113,8 @@ class Client:
             check_idempotency_key(idempotency_key)
         now = self.clock.now_ms()
         job, runs, _missed = build_job(spec, now, self.limits, known_tasks)
+        if declared_by is not None:
+            job = job.model_copy(update={"declared_by": declared_by})
         if job.schedule.type is ScheduleType.IMMEDIATE:
             runs = [self._dispatched(run, now) for run in runs]
         fires = preview(job, now)

@@ -143,8 +143,11 @@ class Conflict(StoreError):
 
 
 class DuplicateJob(Conflict):
-    def __init__(self, job_id: str) -> None:
-        super().__init__(f"a job with id {job_id!r} already exists")
+    """`different`: raised by `Task.schedule`, which accepts an equal spec for an existing job id."""
+
+    def __init__(self, job_id: str, *, different: bool = False) -> None:
+        detail = " with a different spec (cancel it, or choose another job_id)" if different else ""
+        super().__init__(f"a job with id {job_id!r} already exists{detail}")
         self.job_id = job_id
 
 

@@ -51,11 +51,14 @@ class JobQuery:
     status: JobStatus | None = None
     priority: Priority | None = None
     name_prefix: str | None = None
+    id_prefix: str | None = None  # job ids starting with this (declared schedules: `<app>.`)
     cursor: str | None = None  # opaque, from a previous Page
     limit: int = 100
 
     def __post_init__(self) -> None:
-        _check_texts(tenant_id=self.tenant_id, name_prefix=self.name_prefix, cursor=self.cursor)
+        _check_texts(
+            tenant_id=self.tenant_id, name_prefix=self.name_prefix, id_prefix=self.id_prefix, cursor=self.cursor
+        )
 
 
 @dataclass(frozen=True, slots=True)

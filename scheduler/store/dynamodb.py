@@ -207,9 +207,18 @@ class DynamoStore:
 
         if query.tenant_id is not None:
             partitions = [f"JOBS#{tenant_segment(query.tenant_id)}#{n}" for n in range(SHARDS)]
-            bound = as_s(after[0]) if after is not None else None
-            entries = self._gsi_shards("GSI3", partitions, want + 1, ">=", bound, e)
+            if query.id_prefix and (after is None or after[0] < query.id_prefix):
+                entries = self._gsi_shards("GSI3", partitions, want + 1, "begins_with", as_s(query.id_prefix), e)
+            elif query.id_prefix and after is not None:
+                # Job ids are ASCII below `~`: every id with the prefix sorts before prefix + "~".
+                bounds = (as_s(after[0]), as_s(query.id_prefix + "~"))
+                entries = self._gsi_shards("GSI3", partitions, want + 1, "BETWEEN", bounds, e)
+            else:
+                bound = as_s(after[0]) if after is not None else None
+                entries = self._gsi_shards("GSI3", partitions, want + 1, ">=", bound, e)
         else:
+            if query.id_prefix:
+                e.conditions.append(f"begins_with({e.n('GSI3SK')}, {e.v(as_s(query.id_prefix))})")
             if after is not None:
                 e.when("GSI3SK", ">=", as_s(after[0]))
             filters = e.take_filter()
@@ -514,7 +523,7 @@ class DynamoStore:
         partitions: Sequence[str],
         limit: int,
         op: str,
-        bound: dict[str, str] | None,
+        bound: dict[str, str] | tuple[dict[str, str], dict[str, str]] | None,
         e: Expr | None = None,
         keep: Callable[[Item], bool] | None = None,
         *,
@@ -526,7 +535,11 @@ class DynamoStore:
         e = e or Expr()
         filters = e.take_filter()
         key = f"{e.n(index + 'PK')} = :pk"
-        if bound is not None:
+        if isinstance(bound, tuple):  # BETWEEN
+            key += f" AND {e.n(index + 'SK')} BETWEEN {e.v(bound[0])} AND {e.v(bound[1])}"
+        elif bound is not None and op == "begins_with":
+            key += f" AND begins_with({e.n(index + 'SK')}, {e.v(bound)})"
+        elif bound is not None:
             key += f" AND {e.n(index + 'SK')} {op} {e.v(bound)}"
         base = e.finish(IndexName=index, KeyConditionExpression=key, ScanIndexForward=not newest, **filters)
         values = base.pop("ExpressionAttributeValues", {})

@@ -58,6 +58,7 @@ def job_matches(job: Job, query: JobQuery) -> bool:
         and (query.status is None or job.status == query.status)
         and (query.priority is None or job.priority == query.priority)
         and (query.name_prefix is None or job.name.startswith(query.name_prefix))
+        and (query.id_prefix is None or job.job_id.startswith(query.id_prefix))
     )
 
 

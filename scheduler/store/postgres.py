@@ -361,6 +361,9 @@ class PostgresStore:
         if query.name_prefix:
             where.append("starts_with(name, %s)")  # not LIKE: a prefix may contain % or _
             params.append(query.name_prefix)
+        if query.id_prefix:
+            where.append("starts_with(job_id, %s)")
+            params.append(query.id_prefix)
         clause = f"WHERE {' AND '.join(where)}" if where else ""
         sql = f"SELECT {_JOB_COLUMNS} FROM {{jobs}} {clause} ORDER BY job_id, tenant_id LIMIT %s"
         rows = self.db.read(sql, [*params, query.limit + 1])

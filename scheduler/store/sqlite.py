@@ -347,6 +347,9 @@ class SqliteStore:
         if query.name_prefix:
             where.append("substr(name, 1, ?) = ?")
             params.extend([str(len(query.name_prefix)), query.name_prefix])
+        if query.id_prefix:
+            where.append("substr(job_id, 1, ?) = ?")
+            params.extend([str(len(query.id_prefix)), query.id_prefix])
         clause = f"WHERE {' AND '.join(where)}" if where else ""
         sql = f"SELECT {_JOB_COLUMNS} FROM jobq_jobs {clause} ORDER BY job_id, tenant_id LIMIT ?"
         rows = self.db.read(sql, [*params, query.limit + 1])

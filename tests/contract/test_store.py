@@ -199,6 +199,19 @@ class TestJobs:
         assert ids(JobQuery(tenant_id="t2")) == ["job_3"]
         assert ids(JobQuery(name_prefix="bill%")) == []
 
+    def test_list_jobs_filters_by_job_id_prefix_in_a_tenant_and_across_tenants(self, store: JobStore) -> None:
+        for job_id in ("app.a", "app.b", "app.c", "apps.x", "ap", "zz.app.q"):
+            store.create_job(make_job(job_id), [])
+        store.create_job(make_job("app.t2", tenant_id="t2"), [])
+        ids = lambda q: [j.job_id for j in store.list_jobs(q).items]  # noqa: E731
+        assert ids(JobQuery(tenant_id="default", id_prefix="app.")) == ["app.a", "app.b", "app.c"]
+        assert ids(JobQuery(id_prefix="app.")) == ["app.a", "app.b", "app.c", "app.t2"]
+        assert ids(JobQuery(id_prefix="app%")) == []
+        first = store.list_jobs(JobQuery(tenant_id="default", id_prefix="app.", limit=2))
+        assert [j.job_id for j in first.items] == ["app.a", "app.b"] and first.next_cursor is not None
+        rest = JobQuery(tenant_id="default", id_prefix="app.", cursor=first.next_cursor, limit=2)
+        assert ids(rest) == ["app.c"]
+
     def test_list_jobs_pages_cover_every_job_once(self, store: JobStore) -> None:
         for i in range(7):
             store.create_job(make_job(f"job_{i}"), [])
