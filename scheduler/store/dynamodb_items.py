@@ -282,8 +282,9 @@ def plan_gsi2(e: Expr, t: Transition) -> None:
     the reaper can expire it (`DynamoStore.expire_results`); a run that is not finished leaves it.
     A run that succeeded with no value is not indexed: there is nothing to expire."""
     if not t.to_state.terminal:
-        e.set("GSI2PK", None)
-        e.set("GSI2SK", None)
+        if any(s.terminal for s in t.expect):  # a redrive: only a finished run can be in GSI2
+            e.set("GSI2PK", None)
+            e.set("GSI2SK", None)
     elif t.changes.get("finished_ms") is not None and not ("result" in t.changes and t.changes["result"] is None):
         e.set("GSI2PK", as_s(f"RESULT#{shard_of(t.run_id)}"))
         e.set("GSI2SK", as_n(int(t.changes["finished_ms"])))
