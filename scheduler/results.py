@@ -1,7 +1,8 @@
 """A run's result as a caller sees it: its value, or why there is none (yet).
 
 The worker keeps a task's return value on the run (`Run.result`) when it is JSON of at most
-`RESULT_MAX_BYTES`; otherwise it keeps a marker saying why not (`not_kept`), and the run still
+64 KiB (`jobq.daemons.worker.execution.RESULT_MAX_BYTES`); otherwise it keeps a marker saying why
+not (`keepable`), and the run still
 succeeds: the task did its work, and failing the run would run it again. A result is kept for
 `result_ttl_s` after the run finished; from then on it is expired, whether or not the reaper has
 cleared it from the store yet (reads decide by time, the reaper's pass frees the space).
@@ -13,14 +14,15 @@ cleared it from the store yet (reads decide by time, the reaper's pass frees the
 from __future__ import annotations
 
 import enum
+import json
 import re
 from dataclasses import dataclass
 from typing import Any
 
+from jobq.bounds import text_problem
 from jobq.errors import ResultExpired, ResultNotKept, TaskCancelled, TaskFailed
 from jobq.models import Run, RunState
 
-RESULT_MAX_BYTES = 64 * 1024  # a return value larger than this (as JSON) is not kept
 NOT_KEPT = "jobq_result_not_kept"  # the key of the marker kept instead of a value that was not kept
 
 # What the retry decision appends to a final error (`jobq.retry.decide`): not part of the task's message.
@@ -83,6 +85,45 @@ class RunResult:
 def not_kept(reason: str, **details: Any) -> dict[str, Any]:
     """The marker the worker keeps instead of a return value it cannot keep."""
     return {NOT_KEPT: reason, **details}
+
+
+def keepable(value: Any, max_bytes: int) -> Any:
+    """What to keep of a task's return value: itself when it is JSON of at most `max_bytes` that
+    every store can hold, else a marker saying why not."""
+    if value is None:
+        return None
+    try:
+        text = json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        return not_kept(f"not JSON ({exc})"[:500], repr=_shown(value))
+    if len(text) > max_bytes:  # ASCII: a character is a byte
+        return not_kept(f"too large ({len(text)} bytes of JSON, more than {max_bytes})", size=len(text))
+    problem = _unstorable(value)
+    if problem is not None:  # PostgreSQL's jsonb refuses these, and so would any text column
+        return not_kept(f"not storable: a string {problem}", repr=_shown(value))
+    return value
+
+
+def _shown(value: Any) -> str:
+    """The value's repr, cut and made storable text (a custom `__repr__` may return anything)."""
+    text = repr(value)[:1000].replace("\x00", "\\x00")
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _unstorable(value: Any) -> str | None:
+    """Why a JSON value holds text no store can keep (NUL, lone surrogates), or None."""
+    if isinstance(value, str):
+        return text_problem(value)
+    if isinstance(value, dict):
+        for k, v in value.items():
+            problem = text_problem(k) if isinstance(k, str) else None
+            if (problem := problem or _unstorable(v)) is not None:
+                return problem
+    elif isinstance(value, list | tuple):
+        for item in value:
+            if (problem := _unstorable(item)) is not None:
+                return problem
+    return None
 
 
 def split_error(text: str | None) -> tuple[str, str]:

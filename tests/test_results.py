@@ -10,6 +10,7 @@ import pytest
 from harness import Harness
 
 from jobq.clock import ManualClock
+from jobq.daemons.worker.execution import RESULT_MAX_BYTES
 from jobq.errors import (
     ResultExpired,
     ResultNotKept,
@@ -18,7 +19,7 @@ from jobq.errors import (
     TaskFailed,
 )
 from jobq.models import RetryPolicy, RunState
-from jobq.results import RESULT_MAX_BYTES, ResultState, split_error
+from jobq.results import ResultState, split_error
 
 DAY_S = 86_400
 

@@ -7,14 +7,14 @@ what to keep on the run.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from jobq.bounds import text_problem
 from jobq.daemons.worker.attempt import ERROR_MAX_CHARS, Outcome
 from jobq.models import WEBHOOK_TASK, Job, WebhookTarget
-from jobq.results import RESULT_MAX_BYTES, not_kept
+from jobq.results import keepable
 from jobq.tasks import TaskContext, TaskDef, WebhookCaller
+
+RESULT_MAX_BYTES = 64 * 1024
 
 
 def execute(task: TaskDef, ctx: TaskContext, payload: Any) -> Outcome:
@@ -45,41 +45,8 @@ def arguments(payload: Any) -> tuple[list[Any], dict[str, Any]]:
 
 def jsonable(value: Any) -> Any:
     """What to keep of a task's return value on the run: itself when it is JSON of at most
-    `RESULT_MAX_BYTES`, else a marker saying why it was not kept (`jobq.results.not_kept`)."""
-    if value is None:
-        return None
-    try:
-        text = json.dumps(value, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        return not_kept(f"not JSON ({exc})"[:500], repr=_shown(value))
-    if len(text) > RESULT_MAX_BYTES:  # ASCII: a character is a byte
-        return not_kept(f"too large ({len(text)} bytes of JSON, more than {RESULT_MAX_BYTES})", size=len(text))
-    problem = _unstorable(value)
-    if problem is not None:  # PostgreSQL's jsonb refuses these, and so would any text column
-        return not_kept(f"not storable: a string {problem}", repr=_shown(value))
-    return value
-
-
-def _shown(value: Any) -> str:
-    """The value's repr, cut and made storable text (a custom `__repr__` may return anything)."""
-    text = repr(value)[:1000].replace("\x00", "\\x00")
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
-
-
-def _unstorable(value: Any) -> str | None:
-    """Why a JSON value holds text no store can keep (NUL, lone surrogates), or None."""
-    if isinstance(value, str):
-        return text_problem(value)
-    if isinstance(value, dict):
-        for k, v in value.items():
-            problem = text_problem(k) if isinstance(k, str) else None
-            if (problem := problem or _unstorable(v)) is not None:
-                return problem
-    elif isinstance(value, list | tuple):
-        for item in value:
-            if (problem := _unstorable(item)) is not None:
-                return problem
-    return None
+    `RESULT_MAX_BYTES`, else a marker saying why it was not kept (`jobq.results.keepable`)."""
+    return keepable(value, RESULT_MAX_BYTES)
 
 
 def webhook_task(caller: WebhookCaller, job: Job) -> TaskDef:
