@@ -348,8 +348,13 @@ class SqliteStore:
             where.append("substr(name, 1, ?) = ?")
             params.extend([str(len(query.name_prefix)), query.name_prefix])
         if query.id_prefix:
-            where.append("substr(job_id, 1, ?) = ?")
-            params.extend([str(len(query.id_prefix)), query.id_prefix])
+            # A range on the key (BINARY collation: the ids with the prefix sort in [prefix, next)), so
+            # a tenant's declared jobs are an index range, not a scan of the tenant.
+            where.append("job_id >= ? AND substr(job_id, 1, ?) = ?")
+            params.extend([query.id_prefix, str(len(query.id_prefix)), query.id_prefix])
+            if ord(query.id_prefix[-1]) < 0x10FFFF:
+                where.append("job_id < ?")
+                params.append(query.id_prefix[:-1] + chr(ord(query.id_prefix[-1]) + 1))
         clause = f"WHERE {' AND '.join(where)}" if where else ""
         sql = f"SELECT {_JOB_COLUMNS} FROM jobq_jobs {clause} ORDER BY job_id, tenant_id LIMIT ?"
         rows = self.db.read(sql, [*params, query.limit + 1])
