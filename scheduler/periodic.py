@@ -47,7 +47,7 @@ from jobq.models import (
 )
 from jobq.ports import IndexEntry, JobQuery, RunQuery
 from jobq.schedules import parse_cron, zone
-from jobq.submission import JobSpec, build_job
+from jobq.submission import JobSpec, build_job, materialise
 
 if TYPE_CHECKING:
     from jobq.client import Client
@@ -224,13 +224,15 @@ def _update(client: Client, current: Job, spec: JobSpec, fingerprint: str, *, re
     """Replace the job's definition with `spec`'s (compare-and-set on its version), then cancel the
     old schedule's runs that have not started and create the new one's within the horizon."""
     now = client.clock.now_ms()
-    fresh, runs, _ = build_job(spec, now, client.limits)
+    fresh, first_runs, _ = build_job(spec, now, client.limits)
     status = JobStatus.ACTIVE if resume else current.status
-    merged = fresh.model_copy(
+    base = fresh.model_copy(
         update={
             "status": status,
             "status_reason": None if resume else current.status_reason,
             "paused_ms": None if status is JobStatus.ACTIVE else current.paused_ms,
+            # From the first fire of the new schedule, chained after the job's newest run (overlap).
+            "next_fire_ms": first_runs[0].nominal_ms if first_runs else fresh.next_fire_ms,
             "last_run_id": current.last_run_id,
             "created_ms": current.created_ms,
             "version": current.version,
@@ -238,6 +240,7 @@ def _update(client: Client, current: Job, spec: JobSpec, fingerprint: str, *, re
             "spec_fingerprint": fingerprint,
         }
     )
+    merged, runs, _ = materialise(base, now, client.limits)
     client.store.update_job(merged)
     keep = {r.run_id for r in runs} if status is JobStatus.ACTIVE else set()
     _cancel_unstarted(client, current.key, keep, now)

@@ -71,6 +71,8 @@ def test_a_changed_schedule_is_updated_in_place_and_its_old_unstarted_runs_cance
     assert all((r.nominal_ms // 1000) % 2 == 0 for r in scheduled), "only the new schedule's fires wait"
     odd = [i for i in old_runs if (runs[i].nominal_ms // 1000) % 2 == 1]
     assert odd and all(runs[i].state is RunState.CANCELLED for i in odd)
+    newest = max(scheduled, key=lambda r: r.nominal_ms)
+    assert job.last_run_id == newest.run_id and job.next_fire_ms is not None and job.next_fire_ms > newest.nominal_ms
 
 
 def test_a_removed_schedule_is_paused_and_resumed_when_declared_again(deployed: Deployment) -> None:  # noqa: F811
