@@ -310,7 +310,8 @@ class App:
         schedules when they start (`sync_schedules`). Raises `InvalidJob` naming the argument."""
 
         def declare(fn: Callable[P, R]) -> Task[P, R]:
-            registered: Task[P, R] = fn if isinstance(fn, Task) else self.task(fn)
+            registration = {k: options[k] for k in ("priority", "retry", "timeout_s") if options.get(k) is not None}
+            registered: Task[P, R] = fn if isinstance(fn, Task) else self.task(**registration)(fn)
             entry = Periodic(registered.name, cron, tz, tuple(args), kwargs, name, **options)
             check_entries(self.name, [*self.schedules, entry])
             self.schedules.append(entry)
@@ -321,7 +322,7 @@ class App:
     def sync_schedules(self) -> SyncReport:
         """Make the store hold exactly this app's declared schedules: create the absent, update the
         changed, pause the removed (`jobq.periodic`). Idempotent; safe from many processes at once."""
-        return sync(self.client, self.name, self.schedules)
+        return sync(self.client, self.name, self.schedules, self.registry)
 
     def on_dev_start(self, fn: Callable[[App], None]) -> Callable[[App], None]:
         """Register `fn(app)` to run when `jobq dev` starts, e.g. to seed example jobs.

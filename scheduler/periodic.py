@@ -48,6 +48,7 @@ from jobq.models import (
 from jobq.ports import IndexEntry, JobQuery, RunQuery
 from jobq.schedules import parse_cron, zone
 from jobq.submission import JobSpec, build_job, materialise
+from jobq.tasks import TaskDef, TaskRegistry
 
 if TYPE_CHECKING:
     from jobq.client import Client
@@ -98,9 +99,10 @@ class Periodic:
         """`name`, else the task's name with what a job id cannot hold (`<locals>`) replaced."""
         return self.name or re.sub(r"[^A-Za-z0-9_.\-]", "_", self.task).lstrip("_.-")
 
-    def spec(self, app_name: str) -> JobSpec:
-        """The job this entry declares for app `app_name`, with its cron and timezone checked.
-        Raises `InvalidJob` naming the argument."""
+    def spec(self, app_name: str, task: TaskDef | None = None) -> JobSpec:
+        """The job this entry declares for app `app_name`, with its cron and timezone checked. The
+        priority, retry policy and timeout the entry leaves unset are the task's (`task`, its
+        registration), else the defaults. Raises `InvalidJob` naming the argument."""
         spec = JobSpec.parse(
             {
                 "tenant_id": self.tenant_id,
@@ -109,17 +111,17 @@ class Periodic:
                 "schedule_type": "CRON",
                 "cron_expression": self.cron,
                 "timezone": self.tz,
-                "priority": self.priority or Priority.DEFAULT,
+                "priority": self.priority or (task.priority if task is not None else Priority.DEFAULT),
                 "target": {"type": "TASK", "task": self.task},
                 "payload": {"args": list(self.args), "kwargs": dict(self.kwargs or {})},
-                "retry_policy": self.retry or RetryPolicy(),
+                "retry_policy": self.retry or (task.retry if task is not None else None) or RetryPolicy(),
                 "misfire_policy": self.misfire,
                 "catchup_window_seconds": self.catchup_window_s,
                 "overlap_policy": self.overlap,
                 "jitter_seconds": self.jitter_s,
                 "dst_gap": self.dst_gap,
                 "dst_overlap": self.dst_overlap,
-                "timeout_seconds": self.timeout_s,
+                "timeout_seconds": self.timeout_s if self.timeout_s is not None or task is None else task.timeout_s,
             },
             names=_ARGUMENTS,
         )
@@ -132,12 +134,13 @@ class Periodic:
         return spec
 
 
-def check_entries(app_name: str, entries: Sequence[Periodic]) -> list[JobSpec]:
-    """Every entry's spec; raises `InvalidJob` for a bad entry or two entries with one name."""
+def check_entries(app_name: str, entries: Sequence[Periodic], registry: TaskRegistry | None = None) -> list[JobSpec]:
+    """Every entry's spec (with its task's registered options, when `registry` has the task);
+    raises `InvalidJob` for a bad entry or two entries with one name."""
     specs: list[JobSpec] = []
     seen: set[tuple[str, str | None]] = set()
     for entry in entries:
-        spec = entry.spec(app_name)
+        spec = entry.spec(app_name, registry.get(entry.task) if registry is not None else None)
         key = (spec.tenant_id, spec.job_id)
         if key in seen:
             raise InvalidJob(
@@ -163,9 +166,11 @@ class SyncReport:
         return ", ".join(parts) or "none declared"
 
 
-def sync(client: Client, app_name: str, entries: Sequence[Periodic]) -> SyncReport:
+def sync(
+    client: Client, app_name: str, entries: Sequence[Periodic], registry: TaskRegistry | None = None
+) -> SyncReport:
     """Make the store hold exactly the schedules `app_name` declares (module docstring)."""
-    specs = check_entries(app_name, entries)
+    specs = check_entries(app_name, entries, registry)
     report = SyncReport()
     for spec in specs:
         _sync_one(client, app_name, spec, report)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from jobq import App, InvalidJob, Periodic
+from jobq import App, InvalidJob, Periodic, Priority, RetryPolicy
 from jobq.clock import ManualClock
+from jobq.models import JobKey
 
 
 def test_periodic_registers_the_task_and_declares_its_schedule() -> None:
@@ -64,5 +65,24 @@ def test_sync_schedules_on_the_embedded_store(clock: ManualClock) -> None:
     try:
         assert app.sync_schedules().created == ["billing.t.a"]
         assert app.sync_schedules().unchanged == ["billing.t.a"]
+    finally:
+        app.close()
+
+
+def test_an_entry_takes_its_tasks_declared_priority_retry_and_timeout(clock: ManualClock) -> None:
+    app = App("billing", store="memory://", clock=clock, schedules=[Periodic("billing.report", cron="@hourly")])
+    try:
+
+        @app.task(name="billing.report", priority="HIGH", retry=RetryPolicy(max_retries=1), timeout_s=30)
+        def report() -> None: ...
+
+        @app.periodic(cron="@daily", priority="CRITICAL")
+        def close_books() -> None: ...
+
+        app.sync_schedules()
+        jobs = app.client.store.get_jobs([JobKey("default", "billing.billing.report")])
+        job = jobs[JobKey("default", "billing.billing.report")]
+        assert (job.priority, job.retry.max_retries, job.timeout_s) == (Priority.HIGH, 1, 30)
+        assert app.registry.get(close_books.name).priority is Priority.CRITICAL  # type: ignore[union-attr]
     finally:
         app.close()
