@@ -6,6 +6,7 @@ import importlib
 import json
 import os
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, NoReturn, TypeVar
@@ -26,6 +27,7 @@ from jobq.wiring import connect
 
 F = TypeVar("F", bound=Callable[..., Any])
 EXIT_USAGE = 2
+SYNC_ATTEMPTS = 8  # about a minute and a half of backoff
 
 # Piped output (scripts, logs) gets whole values: rich would otherwise assume 80 columns.
 # Output is data (task names, error texts): never read as rich markup, so brackets print as they are.
@@ -128,9 +130,36 @@ def load_apps(specs: tuple[str, ...]) -> tuple[App, TaskRegistry]:
 
     The current directory is importable (as with `python -m`). Tasks registered with
     `@jobq.task` land on the default app. Returns the first app found and every task."""
+    apps = find_apps(specs)
+    registry = TaskRegistry()
+    for app in apps:
+        for definition in app.registry:
+            registry.add(definition)
+    return (apps[0] if apps else default_app), registry
+
+
+def sync_schedules(specs: tuple[str, ...], d: Deployment) -> None:
+    """Sync the declared periodic schedules of every app given with -A (`App.sync_schedules`),
+    trying again for a while when the store is unavailable (a daemon starting before its store)."""
+    for app in find_apps(specs):
+        app.use(d)
+        for attempt in range(SYNC_ATTEMPTS):
+            try:
+                report = app.sync_schedules()
+                break
+            except JobqError as exc:
+                if not exc.retryable or attempt == SYNC_ATTEMPTS - 1:
+                    raise
+                err_console.print(escape(f"warning: syncing periodic schedules: {exc}; trying again"), soft_wrap=True)
+                time.sleep(min(30.0, 0.5 * 2**attempt))
+        if app.schedules or report.paused:
+            err_console.print(escape(f"periodic schedules of app {app.name}: {report.summary()}"), soft_wrap=True)
+
+
+def find_apps(specs: tuple[str, ...]) -> list[App]:
+    """The apps of the modules given with -A (imported once; later calls find them again)."""
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
-    registry = TaskRegistry()
     apps: list[App] = []
     for spec in specs:
         module_name, _, attribute = spec.partition(":")
@@ -145,12 +174,9 @@ def load_apps(specs: tuple[str, ...]) -> tuple[App, TaskRegistry]:
             apps.append(found)
         else:
             apps.extend(v for v in vars(module).values() if isinstance(v, App) and v not in apps)
-    if default_app.registry and default_app not in apps:
+    if (default_app.registry or default_app.schedules) and default_app not in apps:
         apps.append(default_app)
-    for app in apps:
-        for definition in app.registry:
-            registry.add(definition)
-    return (apps[0] if apps else default_app), registry
+    return apps
 
 
 def ms_to_text(ms: int | None) -> str:

@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from jobq import logs, metrics
-from jobq.cli.common import backend_options, console, err_console, fail, load_apps, load_settings
+from jobq.cli.common import backend_options, console, err_console, fail, load_apps, load_settings, sync_schedules
 from jobq.daemons.base import Daemon
 from jobq.daemons.beat import Beat
 from jobq.daemons.reaper import Reaper
@@ -145,6 +145,7 @@ def dev(
 
     def seed() -> None:
         worker.start()  # register tasks before the hooks schedule anything
+        sync_schedules(apps, d)
         for hook in app.dev_hooks:
             hook(app)
 
@@ -171,6 +172,7 @@ def worker(
         err_console.print("warning: no tasks registered (pass -A MODULE); every run will be handed on")
     d = connect(settings)
     app.use(d)
+    sync_schedules(apps, d)
     from jobq.cli.api import webhook_caller
 
     caller = webhook_caller(d)
@@ -194,4 +196,15 @@ def _simple(name: str, factory: Callable[[Deployment], Daemon], help_text: str) 
 
 scanner = _simple("scanner", Scanner, "Claim due runs (CRITICAL first) and dispatch them to the queues.")
 reaper = _simple("reaper", Reaper, "Take back runs whose lease expired (fence+1) and retry or dead-letter them.")
-beat = _simple("beat", Beat, "Create the runs of due schedules within the horizon; repair the time index.")
+
+
+@click.command()
+@click.option("-A", "--app", "apps", multiple=True, metavar="MODULE", help="Sync MODULE[:APP]'s periodic schedules.")
+@daemon_options
+def beat(apps: tuple[str, ...], **options: Any) -> None:
+    """Create the runs of due schedules within the horizon; repair the time index. With -A, first
+    sync the apps' declared periodic schedules (as workers do)."""
+    settings = _settings(options)
+    d = connect(settings)
+    sync_schedules(apps, d)
+    run_until_stopped(d, [Beat(d)])

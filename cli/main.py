@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from jobq import __version__
-from jobq.cli import api, bench, cron, daemons, jobs
+from jobq.cli import api, bench, cron, daemons, jobs, results
 from jobq.cli.common import JobqGroup
 
 
@@ -30,6 +30,7 @@ for command in (
     jobs.status,
     jobs.list_jobs,
     jobs.runs,
+    results.result,
     jobs.history,
     jobs.cancel,
     jobs.pause,

@@ -20,10 +20,16 @@ from jobq.errors import (
     JobNotFound,
     JobqError,
     MissingExtra,
+    ResultError,
+    ResultExpired,
+    ResultNotKept,
+    ResultTimeout,
     Retry,
     ScheduleError,
     StoreError,
+    TaskCancelled,
     TaskError,
+    TaskFailed,
     TransportError,
     UnknownTask,
     UnknownTimezone,
@@ -43,6 +49,8 @@ from jobq.models import (
     TaskTarget,
     WebhookTarget,
 )
+from jobq.periodic import Periodic, SyncReport
+from jobq.results import ResultState, RunResult
 from jobq.schedules import CronSchedule, next_fire_times
 from jobq.settings import Settings
 from jobq.submission import JobSpec
@@ -57,6 +65,8 @@ __all__ = [
     "Task",
     "default_app",
     "task",
+    "Periodic",
+    "SyncReport",
     "TaskContext",
     "current_context",
     # control plane
@@ -64,6 +74,9 @@ __all__ = [
     "JobView",
     "Submitted",
     "JobSpec",
+    # results
+    "RunResult",
+    "ResultState",
     # model
     "Job",
     "Run",
@@ -105,6 +118,12 @@ __all__ = [
     "TaskError",
     "Retry",
     "Fail",
+    "ResultError",
+    "TaskFailed",
+    "TaskCancelled",
+    "ResultExpired",
+    "ResultNotKept",
+    "ResultTimeout",
     "__version__",
 ]
 

@@ -8,12 +8,16 @@ def send_invoice(invoice_id: int) -> None: ...
 send_invoice.delay(42)                                  # now
 send_invoice.schedule(delay_s=45, args=(42,))           # in 45 s
 send_invoice.schedule(cron="0 2 1 * *", tz="America/New_York", args=(42,), job_id="monthly-42")
+
+@app.periodic(cron="0 2 1 * *", tz="America/New_York")  # synced when workers or beat start
+def monthly_billing() -> None: ...
 """
 
 from __future__ import annotations
 
 import functools
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Generic, ParamSpec, TypeVar, overload
@@ -21,10 +25,12 @@ from typing import Any, Generic, ParamSpec, TypeVar, overload
 from jobq.client import Client, Submitted
 from jobq.clock import SYSTEM_CLOCK, Clock
 from jobq.deployment import Deployment
-from jobq.errors import InvalidJob
+from jobq.errors import DuplicateJob, InvalidJob, ResultTimeout, TaskCancelled
 from jobq.models import (
     DstGap,
     DstOverlap,
+    JobKey,
+    JobStatus,
     MisfirePolicy,
     OverlapPolicy,
     Priority,
@@ -32,6 +38,7 @@ from jobq.models import (
     Run,
     ScheduleType,
 )
+from jobq.periodic import Periodic, SyncReport, check_entries, sync
 from jobq.settings import Settings
 from jobq.submission import JobSpec
 from jobq.tasks import TaskDef, TaskRegistry
@@ -65,10 +72,39 @@ class JobHandle:
         self.key = submitted.job.key
         self.created = submitted.created
         self.next_fire_times = submitted.next_fire_times
+        self._run_id: str | None = None
 
     def wait(self, timeout_s: float = 30.0) -> Run:
         """Block until the job's current run finishes; returns the run (check `.state`, `.result`)."""
         return self.app.client.wait(self.key, timeout_s=timeout_s)
+
+    def get(self, timeout: float | None = 30.0) -> Any:
+        """The task's return value, waiting up to `timeout` seconds (None: forever) for the job's run
+        to finish: for `delay()` and a one-off, its only run; for a cron job, its current run (the
+        oldest unfinished one, waiting for the next fire when none is open).
+
+        Raises `jobq.TaskFailed` with the task's final error (`error_type`, `message`) once retries
+        are exhausted, `TaskCancelled`, `ResultExpired` (older than `result_ttl_s`), `ResultNotKept`
+        (not JSON, or larger than 64 KiB), or `ResultTimeout` (a `TimeoutError`)."""
+        client = self.app.client
+        deadline = None if timeout is None else time.monotonic() + timeout
+        run_id = self._run_id
+        pause = 0.02
+        while run_id is None:
+            view = client.get(self.key)
+            if view.current_run is not None:
+                run_id = view.current_run.run_id
+                break
+            if view.job.status is JobStatus.CANCELLED:
+                raise TaskCancelled(f"{self.key}:(no run yet)", "the job was cancelled before its first run")
+            if deadline is not None and time.monotonic() >= deadline:
+                raise ResultTimeout(f"{self.key}:(no run yet)", timeout or 0.0, "no run yet")
+            time.sleep(pause)
+            pause = min(pause * 1.5, 0.5)
+        if not self.job.recurring:
+            self._run_id = run_id  # a one-off has one run: look it up once
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        return client.result(run_id, timeout_s=left)
 
     def cancel(self) -> None:
         self.app.client.cancel(self.key)
@@ -155,7 +191,17 @@ class Task(Generic[P, R]):
             },
             names=_ARGUMENTS,
         )
-        submitted = self.app.client.submit(spec, idempotency_key=idempotency_key)
+        client = self.app.client
+        try:
+            submitted = client.submit(spec, idempotency_key=idempotency_key)
+        except DuplicateJob:
+            # A module that schedules a job id when imported is imported again by every worker: the
+            # same spec names the job that exists; another spec is a real clash.
+            key = JobKey(spec.tenant_id, spec.job_id or "")
+            existing = client.store.get_jobs([key]).get(key)
+            if existing is None or existing.spec_fingerprint != spec.fingerprint():
+                raise DuplicateJob(spec.job_id or "", different=True) from None
+            submitted = Submitted(existing, False)
         return JobHandle(self.app, submitted)
 
     def __repr__(self) -> str:
@@ -170,9 +216,14 @@ class App:
         store: str | None = None,
         settings: Settings | None = None,
         clock: Clock = SYSTEM_CLOCK,
+        schedules: Sequence[Periodic] = (),
         **overrides: Any,
     ) -> None:
+        """`name` identifies the app's declared schedules in the store (their job ids are
+        `<name>.<entry>`): give every code base that shares a store its own."""
         self.name = name
+        self.schedules: list[Periodic] = list(schedules)
+        check_entries(name, self.schedules)  # a bad entry fails here, naming its argument
         self.registry = TaskRegistry()
         self.clock = clock
         self._settings = settings
@@ -242,6 +293,36 @@ class App:
             return Task(self, definition)
 
         return register(fn) if fn is not None else register
+
+    def periodic(
+        self,
+        *,
+        cron: str,
+        tz: str = "UTC",
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        name: str | None = None,
+        **options: Any,
+    ) -> Callable[[Callable[P, R]], Task[P, R]]:
+        """Register the function as a task (unless it is one already) and declare a schedule for it:
+        `@app.periodic(cron="0 2 1 * *", tz="America/New_York")`. `options` are `Periodic`'s
+        (priority, retry, tenant_id, misfire, overlap, ...). Workers and beat sync the declared
+        schedules when they start (`sync_schedules`). Raises `InvalidJob` naming the argument."""
+
+        def declare(fn: Callable[P, R]) -> Task[P, R]:
+            registration = {k: options[k] for k in ("priority", "retry", "timeout_s") if options.get(k) is not None}
+            registered: Task[P, R] = fn if isinstance(fn, Task) else self.task(**registration)(fn)
+            entry = Periodic(registered.name, cron, tz, tuple(args), kwargs, name, **options)
+            check_entries(self.name, [*self.schedules, entry])
+            self.schedules.append(entry)
+            return registered
+
+        return declare
+
+    def sync_schedules(self) -> SyncReport:
+        """Make the store hold exactly this app's declared schedules: create the absent, update the
+        changed, pause the removed (`jobq.periodic`). Idempotent; safe from many processes at once."""
+        return sync(self.client, self.name, self.schedules, self.registry)
 
     def on_dev_start(self, fn: Callable[[App], None]) -> Callable[[App], None]:
         """Register `fn(app)` to run when `jobq dev` starts, e.g. to seed example jobs.

@@ -25,7 +25,7 @@ from jobq.bounds import text_problem
 from jobq.clock import Clock
 from jobq.codec import encode, envelope_for
 from jobq.deployment import Deployment
-from jobq.errors import Conflict, InvalidJob, JobNotFound, RunNotFound, TransportError
+from jobq.errors import Conflict, InvalidJob, JobNotFound, ResultTimeout, RunNotFound, TransportError
 from jobq.models import (
     DEFAULT_TENANT,
     PAUSED,
@@ -42,6 +42,7 @@ from jobq.models import (
     Transition,
 )
 from jobq.ports import IndexEntry, JobQuery, Page, RunQuery
+from jobq.results import ResultState, RunResult, read_result
 from jobq.submission import (
     JobSpec,
     Limits,
@@ -94,6 +95,7 @@ class Client:
         respond: Callable[[Job, builtins.list[int]], str] | None = None,
         fingerprint: str | None = None,
         known_tasks: set[str] | None = None,
+        declared_by: str | None = None,
     ) -> Submitted:
         """Validate and store the job with its first runs (and idempotency key) atomically.
 
@@ -101,7 +103,8 @@ class Client:
         so a spec built without validation is checked too. A spec that names no tenant is this
         client's tenant. `respond(job, next_fire_times)` renders the response to keep with the
         key, so a replay returns it verbatim; `fingerprint` overrides the spec's (the API hashes
-        the request as sent). Raises `InvalidJob` (nothing written), `IdempotencyConflict`,
+        the request as sent). `declared_by` marks the job as a declared schedule of that app
+        (`jobq.periodic`). Raises `InvalidJob` (nothing written), `IdempotencyConflict`,
         `DuplicateJob`."""
         spec = JobSpec.parse(spec, tenant_id=self.tenant_id)
         if self.tenant_id is not None and spec.tenant_id != self.tenant_id:
@@ -110,6 +113,8 @@ class Client:
             check_idempotency_key(idempotency_key)
         now = self.clock.now_ms()
         job, runs, _missed = build_job(spec, now, self.limits, known_tasks)
+        if declared_by is not None:
+            job = job.model_copy(update={"declared_by": declared_by})
         if job.schedule.type is ScheduleType.IMMEDIATE:
             runs = [self._dispatched(run, now) for run in runs]
         fires = preview(job, now)
@@ -282,6 +287,38 @@ class Client:
                 state = run.state if run else "no run yet"
                 raise TimeoutError(f"job {job} did not finish within {timeout_s} s (current run: {state})")
             time.sleep(poll_s)
+
+    def run_result(self, run_id: str) -> RunResult:
+        """The run's result as it stands now (PENDING while it has not finished). Raises RunNotFound."""
+        return read_result(self.run(run_id), self.clock.now_ms(), self.d.settings.result_ttl_s)
+
+    def result(self, run_id: str, *, timeout_s: float | None = 30.0) -> Any:
+        """The run's return value, waiting up to `timeout_s` seconds for it to finish (None: as long as
+        it takes; 0: not at all). A run waiting to retry has not finished: its final outcome counts.
+
+        Raises `TaskFailed` (the final error's type and message), `TaskCancelled`, `ResultExpired`,
+        `ResultNotKept`, `ResultTimeout` (also a `TimeoutError`), `RunNotFound`."""
+        return self.wait_result(run_id, timeout_s=timeout_s).unwrap()
+
+    def wait_result(self, run_id: str, *, timeout_s: float | None = 30.0) -> RunResult:
+        """Poll the run (one read by id) until it finishes: every 20 ms at first, backing off to 0.5 s,
+        so a short task answers fast and a long wait costs two reads a second. Raises `ResultTimeout`."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        pause = 0.02
+        while True:
+            found = self.run_result(run_id)
+            if found.state is not ResultState.PENDING:
+                return found
+            if deadline is not None and time.monotonic() >= deadline:
+                raise ResultTimeout(run_id, timeout_s or 0.0, self.run(run_id).state.value)
+            wait = pause if deadline is None else min(pause, max(0.0, deadline - time.monotonic()))
+            time.sleep(wait)
+            pause = min(pause * 1.5, 0.5)
+
+    def current_run_id(self, job: JobRef) -> str | None:
+        """The id of the run a user means by "the job's run" (`get`'s current run), if any yet."""
+        run = self.get(job).current_run
+        return None if run is None else run.run_id
 
     # -- changing -------------------------------------------------------------------------------
 

@@ -24,6 +24,12 @@
     ├── TransportError
     │   └── TransportUnavailable
     ├── IllegalTransition           a bug: code asked for a transition the table forbids
+    ├── ResultError                 a run's result cannot be returned (`JobHandle.get`, `Client.result`)
+    │   ├── TaskFailed              the run failed for good: the task's error type and message
+    │   ├── TaskCancelled           the run was cancelled before it finished
+    │   ├── ResultExpired           the run succeeded, but its result outlived `result_ttl_s`
+    │   ├── ResultNotKept           the task returned a value that is not JSON, or is too large
+    │   └── ResultTimeout           (also a TimeoutError) the run did not finish in time
     └── TaskError                   raised by task code to steer the outcome
         ├── Retry
         ├── Fail
@@ -37,6 +43,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from jobq.instants import to_iso
 from jobq.redaction import redact_text, redact_value
 
 
@@ -136,8 +143,11 @@ class Conflict(StoreError):
 
 
 class DuplicateJob(Conflict):
-    def __init__(self, job_id: str) -> None:
-        super().__init__(f"a job with id {job_id!r} already exists")
+    """`different`: raised by `Task.schedule`, which accepts an equal spec for an existing job id."""
+
+    def __init__(self, job_id: str, *, different: bool = False) -> None:
+        detail = " with a different spec (cancel it, or choose another job_id)" if different else ""
+        super().__init__(f"a job with id {job_id!r} already exists{detail}")
         self.job_id = job_id
 
 
@@ -179,6 +189,57 @@ class TransportUnavailable(TransportError):
 
 class IllegalTransition(JobqError):
     pass
+
+
+class ResultError(JobqError):
+    """A run's result cannot be returned; `run_id` names the run."""
+
+    def __init__(self, message: str, *, run_id: str) -> None:
+        super().__init__(message)
+        self.run_id = run_id
+
+
+class TaskFailed(ResultError):
+    """The run ended FAILED (retries exhausted, or not retryable): `error_type` and `message` are
+    the task's final error as the worker recorded it (`LeaseExpired` when a worker died holding it,
+    `MISSED` when it was never dispatched in its window). `dead_letter` says whether it is on the
+    dead-letter list; `result` is what the run kept (a webhook's `{status, body}`)."""
+
+    def __init__(
+        self, run_id: str, error_type: str, message: str, *, dead_letter: bool = False, result: Any = None
+    ) -> None:
+        super().__init__(f"run {run_id!r} failed: {error_type}: {message}", run_id=run_id)
+        self.error_type = error_type
+        self.message = message
+        self.dead_letter = dead_letter
+        self.result = result
+
+
+class TaskCancelled(ResultError):
+    def __init__(self, run_id: str, reason: str | None = None) -> None:
+        super().__init__(f"run {run_id!r} was cancelled" + (f": {reason}" if reason else ""), run_id=run_id)
+        self.reason = reason
+
+
+class ResultExpired(ResultError):
+    def __init__(self, run_id: str, expired_ms: int) -> None:
+        super().__init__(f"the result of run {run_id!r} expired at {to_iso(expired_ms)}", run_id=run_id)
+        self.expired_ms = expired_ms
+
+
+class ResultNotKept(ResultError):
+    """The run succeeded but its return value was not stored: `reason` says why."""
+
+    def __init__(self, run_id: str, reason: str) -> None:
+        super().__init__(f"the result of run {run_id!r} was not kept: {reason}", run_id=run_id)
+        self.reason = reason
+
+
+class ResultTimeout(ResultError, TimeoutError):
+    def __init__(self, run_id: str, timeout_s: float, state: str) -> None:
+        super().__init__(f"run {run_id!r} did not finish within {timeout_s:g} s (state {state})", run_id=run_id)
+        self.timeout_s = timeout_s
+        self.state = state
 
 
 class TaskError(JobqError):

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 from jobq.errors import IllegalTransition, InvalidJob
 
@@ -251,8 +251,24 @@ class Job(_Record):
     created_ms: int
     updated_ms: int
     version: int = 0
+    # The `App` whose declared schedule this job is (`App.periodic`, `App(schedules=...)`): its
+    # schedule sync creates, updates and pauses it. None for jobs submitted any other way.
+    declared_by: str | None = None
+    # A hash of the submission the job was made from (`JobSpec.fingerprint`): a resubmission of the
+    # same job id with an equal spec is recognised as the same job, not a duplicate.
+    spec_fingerprint: str | None = None
     # Set only on a record read back that did not decode (`jobq.records`): why. Never stored.
     corrupt: str | None = Field(default=None, exclude=True)
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_declaration(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """Stored documents hold the two fields above only when set, so a job document written here
+        stays readable by a process of the previous version (which forbids unknown fields)."""
+        data: dict[str, Any] = handler(self)
+        for name in ("declared_by", "spec_fingerprint"):
+            if data.get(name, False) is None:
+                del data[name]
+        return data
 
     @property
     def key(self) -> JobKey:

@@ -51,11 +51,14 @@ class JobQuery:
     status: JobStatus | None = None
     priority: Priority | None = None
     name_prefix: str | None = None
+    id_prefix: str | None = None  # job ids starting with this (declared schedules: `<app>.`)
     cursor: str | None = None  # opaque, from a previous Page
     limit: int = 100
 
     def __post_init__(self) -> None:
-        _check_texts(tenant_id=self.tenant_id, name_prefix=self.name_prefix, cursor=self.cursor)
+        _check_texts(
+            tenant_id=self.tenant_id, name_prefix=self.name_prefix, id_prefix=self.id_prefix, cursor=self.cursor
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +174,14 @@ class JobStore(Protocol):
 
     def overdue_runs(self, before_ms: int, limit: int) -> list[Run]:
         """SCHEDULED runs with `due_ms <= before_ms`, by priority then due time."""
+        ...
+
+    def expire_results(self, finished_before_ms: int, limit: int) -> int:
+        """Clear the result of up to `limit` finished runs (SUCCEEDED, FAILED or CANCELLED) that
+        finished before `finished_before_ms` and still hold one; returns how many were cleared.
+        Each clear is conditional on the run still being finished before the bound, so a run
+        redriven meanwhile keeps its result. Not a state change: `version` and `updated_ms` stay.
+        Idempotent; safe to call from many reapers at once."""
         ...
 
     def idempotency(self, tenant_id: str, key: str, now_ms: int) -> IdempotencyRecord | None:

@@ -117,8 +117,11 @@ def migrations() -> list[Migration]:
         if match:
             found.append(Migration(int(match[1]), match[2], entry.read_text(encoding="utf-8")))
     found.sort(key=lambda m: m.version)
-    if [m.version for m in found] != list(range(1, len(found) + 1)):
-        raise StoreError(f"jobq's PostgreSQL migrations are not numbered 1..n: {[m.version for m in found]}")
+    # Numbers are handed out ahead of merging (one per change being made at once), so a tree may
+    # hold 9 before 6..8 arrive; two files with one number are a clash.
+    versions = [m.version for m in found]
+    if len(set(versions)) != len(versions) or (versions and versions[0] != 1):
+        raise StoreError(f"jobq's PostgreSQL migrations clash or do not start at 1: {versions}")
     return found
 
 
@@ -408,7 +411,8 @@ class PostgresDatabase:
 
     def ensure_schema(self) -> None:
         """Apply the construction policy of the URL's ``migrate`` parameter (module docstring)."""
-        latest = len(migrations())
+        known = migrations()
+        latest = known[-1].version
         policy = self.config.migrate
         version = self.schema_version()
         if policy == "always" or (policy == "missing" and version is None):
@@ -420,6 +424,12 @@ class PostgresDatabase:
                 "store",
                 self.config.display,
                 f"jobq schema {self.schema!r} is {found}, this jobq needs version {latest}: run `jobq init`",
+            )
+        applied = {int(row["version"]) for row in self.read("SELECT version FROM {versions}")}
+        if missing := [m.version for m in known if m.version not in applied]:
+            # A number handed out before a later one's, whose file arrived after the later one ran.
+            raise ConfigError(
+                "store", self.config.display, f"jobq schema {self.schema!r} lacks migrations {missing}: run `jobq init`"
             )
 
     def close(self) -> None:

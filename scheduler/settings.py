@@ -46,6 +46,7 @@ class Settings(BaseModel):
     max_payload_bytes: int = Field(default=256 * 1024, gt=0)
     shutdown_grace_s: float = Field(default=30.0, ge=0)
     idempotency_ttl_s: int = Field(default=86_400, gt=0)
+    result_ttl_s: int = Field(default=86_400, gt=0, description="a finished run's result is kept this long")
     history_flush_s: float = Field(default=0.2, ge=0, description="0 writes history synchronously")
 
     concurrency: int = Field(default=4, ge=1, le=1024)

@@ -307,6 +307,8 @@ def build_job(
         next_fire_ms=first,
         created_ms=now_ms,
         updated_ms=now_ms,
+        # Only a chosen job id can be submitted again: then an equal spec names the same job.
+        spec_fingerprint=spec.fingerprint() if spec.job_id else None,
     )
     return materialise(job, now_ms, limits)
 

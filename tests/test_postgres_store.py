@@ -418,7 +418,7 @@ class TestMigrations:
             t.join()
         try:
             assert sorted(applied[0] + applied[1]) == ALL_VERSIONS
-            assert dbs[0].read("SELECT count(*) AS n FROM {versions}") == [{"n": LATEST}]
+            assert dbs[0].read("SELECT count(*) AS n FROM {versions}") == [{"n": len(ALL_VERSIONS)}]
         finally:
             for db in dbs:
                 db.close()
@@ -690,7 +690,7 @@ def test_migration_4_keys_jobs_by_tenant_and_keeps_the_data_of_schema_3(schema_u
             execute(old, f"INSERT INTO {{runs}} ({columns}, created_ms, updated_ms) VALUES ({values}, 0, 0)", run)
         with pytest.raises(ConfigError, match="run `jobq init`"):
             PostgresStore.from_url(url)
-        assert old.migrate() == [4, 5]
+        assert old.migrate() == [m.version for m in migrations()[3:]]
     finally:
         old.close()
     store = PostgresStore.from_url(url)

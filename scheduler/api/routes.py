@@ -36,6 +36,7 @@ from jobq.api.schemas import (
     JobResource,
     RunPage,
     RunResource,
+    RunResultResource,
 )
 from jobq.api.state import ApiState, api_state
 from jobq.bounds import Text
@@ -44,6 +45,7 @@ from jobq.errors import Conflict
 from jobq.metrics import METRICS
 from jobq.models import Job, JobKey, JobStatus, Priority, RunEvent, TaskTarget, WebhookTarget
 from jobq.ports import JobQuery, Page
+from jobq.results import read_result
 from jobq.submission import IDEMPOTENCY_KEY_PATTERN, JOB_ID_PATTERN, JobSpec
 from jobq.views import event_resource, iso, job_resource, job_summary, run_resource
 from jobq.webhooks import check_target
@@ -324,6 +326,21 @@ def list_runs(
         events = by_run.get(run.run_id, [])
         items.append({**run_resource(run), "attempts": attempts(events), "events": [event_resource(e) for e in events]})
     return {"items": items, "next_cursor": page.next_cursor}
+
+
+@router.get(
+    "/v1/runs/{run_id:jobq_run_id}",
+    response_model=RunResultResource,
+    responses=_errors(404),
+    summary="Get a run and its result",
+)
+def get_run(run_id: RunId, token: Principal, state: State) -> dict[str, Any]:
+    """The run (of this token's tenant) with its result: the task's return value once it succeeded,
+    or why there is none (`result_state`). Poll until `result_state` is not `PENDING`."""
+    client = state.client(token.tenant_id)
+    run = client.run(run_id)
+    found = read_result(run, client.clock.now_ms(), client.d.settings.result_ttl_s)
+    return {**run_resource(run), **found.as_json()}
 
 
 @dead_letters.get("/v1/dlq", response_model=DeadLetterPage, responses=_errors(400), summary="List dead letters")

@@ -76,6 +76,20 @@ class RunResource(BaseModel):
     )
 
 
+class RunResultResource(RunResource):
+    result: Any = Field(
+        description="A task's return value once `result_state` is `SUCCEEDED` (a webhook's `{status, body}`); "
+        "what a `FAILED` run kept; otherwise null."
+    )
+    result_state: str = Field(
+        description="`PENDING` (not finished: scheduled, running or waiting to retry), `SUCCEEDED`, `FAILED`, "
+        "`CANCELLED`, `EXPIRED` (older than `result_ttl_s`) or `NOT_KEPT` (not JSON, or over 64 KiB)."
+    )
+    error_type: str | None = Field(description="For `FAILED`: the type of the task's final error, e.g. `ValueError`.")
+    error: str | None = Field(description="For `FAILED`: its message; for `CANCELLED` and `NOT_KEPT`: why.")
+    result_expires_at: str | None = Field(description="When the result of a finished run expires (or expired).")
+
+
 class JobSummary(BaseModel):
     job_id: str
     tenant_id: str

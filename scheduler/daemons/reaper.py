@@ -5,6 +5,9 @@ RUNNING lease means the worker died or hung: it counts as a failed attempt, retr
 backoff or dead-lettered. The compare-and-set names the version it read, so a heartbeat that
 renews the lease in the meantime wins. A run whose record does not decode, or whose job's does
 not, is dead-lettered as Corrupt instead (`jobq.daemons.quarantine`).
+
+Once a minute the reaper also clears the results that outlived `result_ttl_s` (reads already
+treat them as expired by time; this frees the space), a batch per pass until none is left.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from jobq.models import Job, JobStatus, Run, RunState, Transition
 from jobq.ports import IndexEntry
 from jobq.retry import decide
 
+RESULT_EXPIRY_EVERY_MS = 60_000
+
 
 class Reaper(Daemon):
     name = "reaper"
@@ -27,16 +32,32 @@ class Reaper(Daemon):
         self.interval_s = self.settings.reaper_interval_s
         self.batch = batch
         self._full = False
+        self._results_due_ms = 0  # when the next result expiry pass runs
         self.quarantine = Quarantine(deployment, self.log)
 
     def busy(self, done: int) -> bool:
         return self._full
 
     def run_once(self, now_ms: int) -> int:
+        cleared = self.expire_results(now_ms)
         expired = self.store.expired_leases(now_ms, self.batch)
-        self._full = len(expired) == self.batch
+        self._full = len(expired) == self.batch or cleared == self.batch
         if not expired:
+            return cleared
+        return cleared + self._reclaim_all(expired, now_ms)
+
+    def expire_results(self, now_ms: int) -> int:
+        """Clear one batch of results older than `result_ttl_s`, at most once a minute unless a full
+        batch says more are waiting."""
+        if now_ms < self._results_due_ms:
             return 0
+        cleared = self.store.expire_results(now_ms - self.settings.result_ttl_s * 1000, self.batch)
+        self._results_due_ms = now_ms if cleared == self.batch else now_ms + RESULT_EXPIRY_EVERY_MS
+        if cleared:
+            self.log.info("cleared %d expired results", cleared)
+        return cleared
+
+    def _reclaim_all(self, expired: list[Run], now_ms: int) -> int:
         corrupt = [r for r in expired if r.corrupt is not None]
         expired = [r for r in expired if r.corrupt is None]
         jobs = self.store.get_jobs(list({r.job_key for r in expired if r.state is RunState.RUNNING}))

@@ -34,6 +34,7 @@ from jobq.errors import Conflict, DuplicateJob, IdempotencyConflict, JobNotFound
 from jobq.models import (
     LEASED_STATES,
     PRIORITIES_BY_RANK,
+    TERMINAL_STATES,
     ApiToken,
     IdempotencyRecord,
     Job,
@@ -60,6 +61,7 @@ from jobq.store.dynamodb_items import (
     job_item_key,
     job_pk,
     plan_gsi1,
+    plan_gsi2,
     run_from_item,
     run_item,
     run_key,
@@ -205,9 +207,18 @@ class DynamoStore:
 
         if query.tenant_id is not None:
             partitions = [f"JOBS#{tenant_segment(query.tenant_id)}#{n}" for n in range(SHARDS)]
-            bound = as_s(after[0]) if after is not None else None
-            entries = self._gsi_shards("GSI3", partitions, want + 1, ">=", bound, e)
+            if query.id_prefix and (after is None or after[0] < query.id_prefix):
+                entries = self._gsi_shards("GSI3", partitions, want + 1, "begins_with", as_s(query.id_prefix), e)
+            elif query.id_prefix and after is not None:
+                # Job ids are ASCII below `~`: every id with the prefix sorts before prefix + "~".
+                bounds = (as_s(after[0]), as_s(query.id_prefix + "~"))
+                entries = self._gsi_shards("GSI3", partitions, want + 1, "BETWEEN", bounds, e)
+            else:
+                bound = as_s(after[0]) if after is not None else None
+                entries = self._gsi_shards("GSI3", partitions, want + 1, ">=", bound, e)
         else:
+            if query.id_prefix:
+                e.conditions.append(f"begins_with({e.n('GSI3SK')}, {e.v(as_s(query.id_prefix))})")
             if after is not None:
                 e.when("GSI3SK", ">=", as_s(after[0]))
             filters = e.take_filter()
@@ -409,6 +420,7 @@ class DynamoStore:
         for name, value in t.changes.items():  # names are whitelisted by Transition
             e.set(name, field_value(name, value))
         plan_gsi1(e, t)
+        plan_gsi2(e, t)
         if len(t.expect) == 1:
             e.when("state", "=", as_s(next(iter(t.expect)).value))
         else:
@@ -465,6 +477,33 @@ class DynamoStore:
         runs = [run_from_item(i) for i in self._gsi_shards("GSI1", partitions, limit, "<", as_n(now_ms))]
         return sorted(runs, key=lambda r: (r.lease_expires_ms or 0, r.run_id))[:limit]
 
+    def expire_results(self, finished_before_ms: int, limit: int) -> int:
+        """16 GSI2 queries (``RESULT#<shard>``, ``GSI2SK < finished_before_ms``) in parallel, then
+        one conditional UpdateItem per run that removes the result and the run's GSI2 entry. (A
+        table TTL cannot do this: it deletes whole items, and a run outlives its result.)"""
+        if limit <= 0:
+            return 0
+        partitions = [f"RESULT#{n}" for n in range(SHARDS)]
+        items = self._gsi_shards("GSI2", partitions, limit, "<", as_n(finished_before_ms))
+        items = sorted(items, key=lambda i: int(i["GSI2SK"]["N"]))[:limit]
+
+        def clear(item: Item) -> bool:
+            e = Expr()
+            for name in ("result", "GSI2PK", "GSI2SK"):
+                e.set(name, None)
+            e.when("finished_ms", "<", as_n(finished_before_ms))
+            e.when_in("state", sorted(s.value for s in TERMINAL_STATES))
+            key = {"PK": item["PK"], "SK": item["SK"]}
+            try:
+                response = self.table.call(
+                    "update_item", **e.update(TableName=self.table.name, Key=key, ReturnValues="UPDATED_OLD")
+                )
+            except ConditionFailed:
+                return False  # redriven meanwhile: it left GSI2 with that write
+            return "result" in response.get("Attributes", {})
+
+        return sum(self.table.parallel(clear, items))
+
     def overdue_runs(self, before_ms: int, limit: int) -> list[Run]:
         """Tier by tier, CRITICAL first: 16 GSI1 queries (``SCHEDULED#<tier>#<shard>``,
         ``GSI1SK <= before_ms``) in parallel, stopping once `limit` runs are found."""
@@ -484,7 +523,7 @@ class DynamoStore:
         partitions: Sequence[str],
         limit: int,
         op: str,
-        bound: dict[str, str] | None,
+        bound: dict[str, str] | tuple[dict[str, str], dict[str, str]] | None,
         e: Expr | None = None,
         keep: Callable[[Item], bool] | None = None,
         *,
@@ -496,7 +535,11 @@ class DynamoStore:
         e = e or Expr()
         filters = e.take_filter()
         key = f"{e.n(index + 'PK')} = :pk"
-        if bound is not None:
+        if isinstance(bound, tuple):  # BETWEEN
+            key += f" AND {e.n(index + 'SK')} BETWEEN {e.v(bound[0])} AND {e.v(bound[1])}"
+        elif bound is not None and op == "begins_with":
+            key += f" AND begins_with({e.n(index + 'SK')}, {e.v(bound)})"
+        elif bound is not None:
             key += f" AND {e.n(index + 'SK')} {op} {e.v(bound)}"
         base = e.finish(IndexName=index, KeyConditionExpression=key, ScanIndexForward=not newest, **filters)
         values = base.pop("ExpressionAttributeValues", {})

@@ -275,3 +275,16 @@ def plan_gsi1(e: Expr, t: Transition) -> None:
         e.set("GSI1PK", None)
         e.set("GSI1SK", None)
     # else: an end state to an end state with dead_letter unchanged keeps its index entry.
+
+
+def plan_gsi2(e: Expr, t: Transition) -> None:
+    """A finished run that may hold a result takes GSI2 (``RESULT#<shard>``, by finish time) so
+    the reaper can expire it (`DynamoStore.expire_results`); a run that is not finished leaves it.
+    A run that succeeded with no value is not indexed: there is nothing to expire."""
+    if not t.to_state.terminal:
+        if any(s.terminal for s in t.expect):  # a redrive: only a finished run can be in GSI2
+            e.set("GSI2PK", None)
+            e.set("GSI2SK", None)
+    elif t.changes.get("finished_ms") is not None and not ("result" in t.changes and t.changes["result"] is None):
+        e.set("GSI2PK", as_s(f"RESULT#{shard_of(t.run_id)}"))
+        e.set("GSI2SK", as_n(int(t.changes["finished_ms"])))

@@ -15,6 +15,7 @@ from typing import Any
 from jobq.errors import Conflict, DuplicateJob, IdempotencyConflict, JobNotFound
 from jobq.models import (
     LEASED_STATES,
+    TERMINAL_STATES,
     ApiToken,
     IdempotencyRecord,
     Job,
@@ -57,6 +58,7 @@ def job_matches(job: Job, query: JobQuery) -> bool:
         and (query.status is None or job.status == query.status)
         and (query.priority is None or job.priority == query.priority)
         and (query.name_prefix is None or job.name.startswith(query.name_prefix))
+        and (query.id_prefix is None or job.job_id.startswith(query.id_prefix))
     )
 
 
@@ -283,6 +285,21 @@ class MemoryStore:
             due = [r for r in self._runs.values() if r.state is RunState.SCHEDULED and r.due_ms <= before_ms]
         due.sort(key=lambda r: (r.priority.rank, r.due_ms, r.run_id))
         return [r.model_copy() for r in due[:limit]]
+
+    def expire_results(self, finished_before_ms: int, limit: int) -> int:
+        with self._lock:
+            held = [
+                r
+                for r in self._runs.values()
+                if r.result is not None
+                and r.state in TERMINAL_STATES
+                and r.finished_ms is not None
+                and r.finished_ms < finished_before_ms
+            ]
+            held.sort(key=lambda r: (r.finished_ms or 0, r.run_id))
+            for run in held[:limit]:
+                self._runs[run.run_id] = run.model_copy(update={"result": None})
+        return min(len(held), limit)
 
     def idempotency(self, tenant_id: str, key: str, now_ms: int) -> IdempotencyRecord | None:
         with self._lock:

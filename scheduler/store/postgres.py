@@ -118,6 +118,13 @@ _EXPIRED = (
     "SELECT {cols} FROM {runs} WHERE state IN ('CLAIMED', 'DISPATCHED', 'RUNNING') AND lease_expires_ms < %s "
     "ORDER BY lease_expires_ms, run_id LIMIT %s"
 )
+# Finished runs that still hold a result, oldest first (migration 8's partial index); rows another
+# reaper is clearing are skipped, not waited for.
+_EXPIRE_RESULTS = (
+    "UPDATE {runs} SET result = NULL WHERE run_id IN (SELECT run_id FROM {runs} WHERE result IS NOT NULL "
+    "AND state IN ('SUCCEEDED', 'FAILED', 'CANCELLED') AND finished_ms < %(before)s "
+    "ORDER BY finished_ms LIMIT %(limit)s FOR UPDATE SKIP LOCKED) RETURNING run_id"
+)
 # A job status carried by transitions moves their jobs in the same statement (ACTIVE or COMPLETED
 # only), keeping the JSON document's status, version and updated time equal to the columns.
 _FINISH_JOBS = (
@@ -354,6 +361,9 @@ class PostgresStore:
         if query.name_prefix:
             where.append("starts_with(name, %s)")  # not LIKE: a prefix may contain % or _
             params.append(query.name_prefix)
+        if query.id_prefix:
+            where.append("starts_with(job_id, %s)")
+            params.append(query.id_prefix)
         clause = f"WHERE {' AND '.join(where)}" if where else ""
         sql = f"SELECT {_JOB_COLUMNS} FROM {{jobs}} {clause} ORDER BY job_id, tenant_id LIMIT %s"
         rows = self.db.read(sql, [*params, query.limit + 1])
@@ -596,6 +606,11 @@ class PostgresStore:
 
     def expired_leases(self, now_ms: int, limit: int) -> list[Run]:
         return [run_from_row(r) for r in self.db.read(_EXPIRED, [now_ms, limit])]
+
+    def expire_results(self, finished_before_ms: int, limit: int) -> int:
+        if limit <= 0:
+            return 0
+        return len(self.db.read(_EXPIRE_RESULTS, {"before": finished_before_ms, "limit": limit}))
 
     def overdue_runs(self, before_ms: int, limit: int) -> list[Run]:
         if limit <= 0:

@@ -102,6 +102,9 @@ CREATE INDEX IF NOT EXISTS jobq_runs_lease ON jobq_runs (lease_expires_ms)
 DROP INDEX IF EXISTS jobq_runs_job;
 CREATE INDEX IF NOT EXISTS jobq_runs_job_key ON jobq_runs (tenant_id, job_id, nominal_ms);
 CREATE INDEX IF NOT EXISTS jobq_runs_dead ON jobq_runs (tenant_id, nominal_ms) WHERE dead_letter = 1;
+-- The reaper's result expiry: finished runs that still hold a result, oldest first.
+CREATE INDEX IF NOT EXISTS jobq_runs_result ON jobq_runs (finished_ms)
+    WHERE result IS NOT NULL AND state IN ('SUCCEEDED', 'FAILED', 'CANCELLED');
 
 CREATE TABLE IF NOT EXISTS jobq_idempotency (
     tenant_id   TEXT NOT NULL,
@@ -344,6 +347,14 @@ class SqliteStore:
         if query.name_prefix:
             where.append("substr(name, 1, ?) = ?")
             params.extend([str(len(query.name_prefix)), query.name_prefix])
+        if query.id_prefix:
+            # A range on the key (BINARY collation: the ids with the prefix sort in [prefix, next)), so
+            # a tenant's declared jobs are an index range, not a scan of the tenant.
+            where.append("job_id >= ? AND substr(job_id, 1, ?) = ?")
+            params.extend([query.id_prefix, str(len(query.id_prefix)), query.id_prefix])
+            if ord(query.id_prefix[-1]) < 0x10FFFF:
+                where.append("job_id < ?")
+                params.append(query.id_prefix[:-1] + chr(ord(query.id_prefix[-1]) + 1))
         clause = f"WHERE {' AND '.join(where)}" if where else ""
         sql = f"SELECT {_JOB_COLUMNS} FROM jobq_jobs {clause} ORDER BY job_id, tenant_id LIMIT ?"
         rows = self.db.read(sql, [*params, query.limit + 1])
@@ -494,6 +505,16 @@ class SqliteStore:
             (now_ms, limit),
         )
         return [run_from_row(r) for r in rows]
+
+    def expire_results(self, finished_before_ms: int, limit: int) -> int:
+        with self.db.write() as conn:
+            cursor = conn.execute(
+                "UPDATE jobq_runs SET result = NULL WHERE run_id IN (SELECT run_id FROM jobq_runs "
+                "WHERE result IS NOT NULL AND state IN ('SUCCEEDED', 'FAILED', 'CANCELLED') AND finished_ms < ?1 "
+                "ORDER BY finished_ms LIMIT ?2)",
+                (finished_before_ms, limit),
+            )
+            return cursor.rowcount
 
     def overdue_runs(self, before_ms: int, limit: int) -> list[Run]:
         return [run_from_row(r) for r in self.overdue_rows("*", before_ms, limit)]

@@ -199,6 +199,19 @@ class TestJobs:
         assert ids(JobQuery(tenant_id="t2")) == ["job_3"]
         assert ids(JobQuery(name_prefix="bill%")) == []
 
+    def test_list_jobs_filters_by_job_id_prefix_in_a_tenant_and_across_tenants(self, store: JobStore) -> None:
+        for job_id in ("app.a", "app.b", "app.c", "apps.x", "ap", "zz.app.q"):
+            store.create_job(make_job(job_id), [])
+        store.create_job(make_job("app.t2", tenant_id="t2"), [])
+        ids = lambda q: [j.job_id for j in store.list_jobs(q).items]  # noqa: E731
+        assert ids(JobQuery(tenant_id="default", id_prefix="app.")) == ["app.a", "app.b", "app.c"]
+        assert ids(JobQuery(id_prefix="app.")) == ["app.a", "app.b", "app.c", "app.t2"]
+        assert ids(JobQuery(id_prefix="app%")) == []
+        first = store.list_jobs(JobQuery(tenant_id="default", id_prefix="app.", limit=2))
+        assert [j.job_id for j in first.items] == ["app.a", "app.b"] and first.next_cursor is not None
+        rest = JobQuery(tenant_id="default", id_prefix="app.", cursor=first.next_cursor, limit=2)
+        assert ids(rest) == ["app.c"]
+
     def test_list_jobs_pages_cover_every_job_once(self, store: JobStore) -> None:
         for i in range(7):
             store.create_job(make_job(f"job_{i}"), [])
@@ -732,3 +745,44 @@ def test_a_run_counts_its_hand_backs(store: JobStore) -> None:
     )
     assert moved is not None and (moved.handbacks, moved.fence) == (1, 2)
     assert store.get_runs([run.run_id])[run.run_id].handbacks == 1
+
+
+class TestResultExpiry:
+    """Results outlive their run's finish by `result_ttl_s`; the reaper calls `expire_results`."""
+
+    def _finish(self, store: JobStore, job_id: str, to: RunState, finished_ms: int, result: object) -> str:
+        run_id = f"{job_id}:{T0}"
+        store.add_runs([make_run(job_id, fence=1, state=S.RUNNING, lease_owner="w1")])
+        changes = {"result": result, "finished_ms": finished_ms, "lease_expires_ms": None}
+        assert _move(store, run_id, {S.RUNNING}, to, 1, **changes) is not None
+        return run_id
+
+    def _result(self, store: JobStore, run_id: str) -> object:
+        return store.get_runs([run_id])[run_id].result
+
+    def test_results_of_runs_finished_before_the_bound_are_cleared_and_counted(self, store: JobStore) -> None:
+        old = self._finish(store, "job_old", S.SUCCEEDED, T0 + 10, {"total": 5})
+        failed = self._finish(store, "job_failed", S.FAILED, T0 + 11, {"status": 500, "body": "x"})
+        young = self._finish(store, "job_young", S.SUCCEEDED, T0 + 20, 7)
+        self._finish(store, "job_none", S.SUCCEEDED, T0 + 1, None)
+        assert store.expire_results(T0 + 15, 100) == 2
+        assert (self._result(store, old), self._result(store, failed), self._result(store, young)) == (None, None, 7)
+        assert store.get_runs([old])[old].state is S.SUCCEEDED  # the run stays; only its result goes
+
+    def test_expiring_again_clears_nothing(self, store: JobStore) -> None:
+        self._finish(store, "job_old", S.SUCCEEDED, T0 + 10, 1)
+        assert store.expire_results(T0 + 15, 100) == 1
+        assert store.expire_results(T0 + 15, 100) == 0
+
+    def test_expiry_takes_the_oldest_first_up_to_the_limit(self, store: JobStore) -> None:
+        first = self._finish(store, "job_a", S.SUCCEEDED, T0 + 10, 1)
+        second = self._finish(store, "job_b", S.SUCCEEDED, T0 + 12, 2)
+        assert store.expire_results(T0 + 15, 1) == 1
+        assert (self._result(store, first), self._result(store, second)) == (None, 2)
+
+    def test_a_run_not_finished_keeps_its_result(self, store: JobStore) -> None:
+        run_id = self._finish(store, "job_x", S.FAILED, T0 + 10, {"status": 503, "body": ""})
+        redriven = _move(store, run_id, {S.FAILED}, S.SCHEDULED, 1, finished_ms=None, due_ms=T0 + 30)
+        assert redriven is not None
+        assert store.expire_results(T0 + 100, 100) == 0
+        assert self._result(store, run_id) == {"status": 503, "body": ""}

@@ -7,11 +7,11 @@ what to keep on the run.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from jobq.daemons.worker.attempt import ERROR_MAX_CHARS, Outcome
 from jobq.models import WEBHOOK_TASK, Job, WebhookTarget
+from jobq.results import keepable
 from jobq.tasks import TaskContext, TaskDef, WebhookCaller
 
 RESULT_MAX_BYTES = 64 * 1024
@@ -45,14 +45,8 @@ def arguments(payload: Any) -> tuple[list[Any], dict[str, Any]]:
 
 def jsonable(value: Any) -> Any:
     """What to keep of a task's return value on the run: itself when it is JSON of at most
-    `RESULT_MAX_BYTES`, else a note saying why it was not kept."""
-    if value is None:
-        return None
-    try:
-        text = json.dumps(value, allow_nan=False)
-    except (TypeError, ValueError):
-        return {"repr": repr(value)[:1000]}
-    return value if len(text) <= RESULT_MAX_BYTES else {"truncated": True, "size": len(text)}
+    `RESULT_MAX_BYTES`, else a marker saying why it was not kept (`jobq.results.keepable`)."""
+    return keepable(value, RESULT_MAX_BYTES)
 
 
 def webhook_task(caller: WebhookCaller, job: Job) -> TaskDef:
