@@ -77,6 +77,8 @@ def short_run_id(run_id: str) -> str:
     return f"{job[-SHORT_JOB_ID:]}:{nominal}"
 
 
+# Libraries whose INFO lines are one per request or connection (httpx logs every webhook call).
+_CHATTY = ("httpx", "httpcore", "urllib3", "botocore", "boto3", "s3transfer", "kombu", "amqp", "psycopg", "moto")
 _COLOURS = {
     "DEBUG": "\x1b[2m",
     "INFO": "\x1b[32m",
@@ -164,6 +166,10 @@ def configure(level: str = "INFO", fmt: str = "text", stream: TextIO | None = No
     if theirs:
         root.handlers[:] = theirs
         return
+    for name in _CHATTY:  # a line per HTTP request or connection: theirs at DEBUG only
+        library = logging.getLogger(name)
+        if library.level == logging.NOTSET and logging.getLevelName(level.upper()) != logging.DEBUG:
+            library.setLevel(logging.WARNING)
     handler = logging.StreamHandler(stream)
     handler._jobq = True  # type: ignore[attr-defined]  # marks the handler `configure` owns
     handler.setFormatter(JsonFormatter() if fmt == "json" else LogfmtFormatter(colour=wants_colour(stream)))

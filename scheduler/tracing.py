@@ -44,6 +44,7 @@ class _State:
     enabled: bool | None = None
     tracer: Tracer | None = None
     installed: str | None = None  # the exporter of the provider `configure` installed
+    off: bool = False  # `tracing=off`: not even stored contexts are forwarded
 
 
 _state = _State()
@@ -74,6 +75,7 @@ def configure(mode: str, service_name: str) -> None:
     `ConfigError` for an unknown mode."""
     if mode not in MODES:
         raise ConfigError("tracing", mode, f"use one of {', '.join(MODES)}")
+    _state.off = mode == "off"
     if mode == "off":
         _state.enabled, _state.tracer = False, None
         return
@@ -121,15 +123,15 @@ def inject(headers: dict[str, str], fallback: str | None = None) -> None:
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
         TraceContextTextMapPropagator().inject(headers)
-    if "traceparent" not in headers and _state.enabled is not False and valid_traceparent(fallback):
+    if "traceparent" not in headers and not _state.off and valid_traceparent(fallback):
         headers["traceparent"] = str(fallback)
 
 
 def valid_traceparent(value: str | None) -> str | None:
     """`value` when it is a W3C traceparent (version 00, non-zero ids), else None: a bad header is
     ignored, as the W3C recommendation asks. Needs no OpenTelemetry, so a process without the
-    extra still stores its callers' contexts for the daemons that trace."""
-    if not value or not _TRACEPARENT.fullmatch(value):
+    extra still stores its callers' contexts for the daemons that trace. None with `tracing=off`."""
+    if not value or _state.off or not _TRACEPARENT.fullmatch(value):
         return None
     _, trace_id, span_id, _ = value.split("-")
     return value if trace_id != "0" * 32 and span_id != "0" * 16 else None

@@ -199,3 +199,12 @@ def test_a_worker_process_prints_its_tasks_log_lines_with_the_run(tmp_path: Path
     assert "\x1b[" not in procs.log("worker")  # a file, not a terminal
     runs = sqlite3.connect(tmp_path / "jobq.db").execute("SELECT state FROM jobq_runs").fetchall()
     assert runs == [("SUCCEEDED",)]
+
+
+def test_libraries_that_log_every_request_are_kept_to_warnings_unless_debugging() -> None:
+    logging.getLogger("httpx").setLevel(logging.NOTSET)
+    out = configure("text")
+    logging.getLogger("httpx").info('HTTP Request: POST http://hooks.example/charge "HTTP/1.1 200 OK"')
+    logging.getLogger("httpx").warning("retrying")
+    assert "HTTP Request" not in out.getvalue() and "retrying" in out.getvalue()
+    logging.getLogger("httpx").setLevel(logging.NOTSET)

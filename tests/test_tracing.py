@@ -197,6 +197,11 @@ def test_without_opentelemetry_nothing_is_traced_and_asking_for_an_exporter_name
         worker.shutdown()
         assert done == [1], done
         assert job.trace is None and tracing.current_traceparent() is None
+        with tracing.span("jobq.test") as span:
+            assert span is None
+        headers = {}
+        tracing.inject(headers, fallback="00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+        assert headers == {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}, headers
         assert not any(m == "opentelemetry" or m.startswith("opentelemetry.") for m in sys.modules)
         print("untraced ok")
         """
@@ -221,3 +226,23 @@ def test_without_opentelemetry_nothing_is_traced_and_asking_for_an_exporter_name
     assert ran.returncode == 2, ran.stdout + ran.stderr
     assert "pip install 'jobq[otel]'" in ran.stderr and "Traceback" not in ran.stderr
     assert len(ran.stderr.strip().splitlines()) == 1, ran.stderr
+
+
+def test_tracing_off_makes_no_spans_and_keeps_no_context(h: Harness, spans: Any) -> None:
+    @h.app.task(name="t.noop")
+    def noop() -> None:
+        pass
+
+    tracing.configure("off", "jobq-test")
+    try:
+        with spans.tracer.start_as_current_span("caller"):
+            handle = noop.delay()
+        h.work()
+        assert tracing.valid_traceparent(TRACEPARENT) is None
+        headers: dict[str, str] = {}
+        tracing.inject(headers, fallback=TRACEPARENT)
+        assert headers == {}
+    finally:
+        tracing.configure("auto", "jobq-test")
+    assert h.client.job(handle.job_id).trace is None
+    assert [s.name for s in spans.get_finished_spans()] == ["caller"]
