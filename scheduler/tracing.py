@@ -14,15 +14,16 @@ client span follow from there; the envelope carries the dispatch span's context 
   extra this is a `MissingExtra` error at start-up.
 - ``off``: no spans and no stored contexts, even if the application traces.
 
-Every function here is cheap without OpenTelemetry: one global read, then a no-op.
+Every function here is cheap without OpenTelemetry, or while no tracer provider is installed: a
+global read or two, then a no-op (the stored contexts still travel with the runs).
 """
 
 from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Literal
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal
 
 from jobq.errors import ConfigError
 from jobq.extras import require
@@ -43,6 +44,10 @@ class _State:
 
     enabled: bool | None = None
     tracer: Tracer | None = None
+    pinned: bool = False  # `tracer` was given directly (tests), not taken from the global provider
+    provider: Callable[[], object] | None = None  # OpenTelemetry's `get_tracer_provider`
+    placeholder: type | None = None  # the provider the API returns while none is installed
+    propagator: Any = None  # the W3C trace-context propagator
     installed: str | None = None  # the exporter of the provider `configure` installed
     off: bool = False  # `tracing=off`: not even stored contexts are forwarded
 
@@ -50,22 +55,47 @@ class _State:
 _state = _State()
 
 
-def _tracer() -> Tracer | None:
-    if _state.enabled is False:
-        return None
-    if _state.tracer is None:
+def _load() -> bool:
+    """Import OpenTelemetry once; False without it."""
+    if _state.enabled is None:
         try:
             from opentelemetry import trace
+            from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
         except ImportError:
             _state.enabled = False
-            return None
+            return False
         from jobq import __version__
 
-        _state.enabled = True
-
+        _state.provider, _state.placeholder = trace.get_tracer_provider, trace.ProxyTracerProvider
+        _state.propagator = TraceContextTextMapPropagator()
         # A proxy until the application sets a provider; it follows the provider set later.
         _state.tracer = trace.get_tracer("jobq", __version__)
-    return _state.tracer
+        _state.enabled = True
+    return _state.enabled
+
+
+def _tracer() -> Tracer | None:
+    """jobq's tracer, or None when no span would be recorded: without OpenTelemetry, and while no
+    tracer provider is installed (the API's no-op spans cost ~20 us each on the scanner's path)."""
+    if not _load() or _state.off:
+        return None
+    if _state.pinned:
+        return _state.tracer
+    assert _state.provider is not None and _state.placeholder is not None
+    return None if isinstance(_state.provider(), _state.placeholder) else _state.tracer
+
+
+def pin(tracer: Tracer | None) -> None:
+    """Make jobq's spans with `tracer` whatever provider is global (tests, embedding); None goes
+    back to following the global provider."""
+    if not _load():
+        return
+    from opentelemetry import trace
+
+    from jobq import __version__
+
+    _state.pinned = tracer is not None
+    _state.tracer = tracer if tracer is not None else trace.get_tracer("jobq", __version__)
 
 
 def configure(mode: str, service_name: str) -> None:
@@ -76,11 +106,7 @@ def configure(mode: str, service_name: str) -> None:
     if mode not in MODES:
         raise ConfigError("tracing", mode, f"use one of {', '.join(MODES)}")
     _state.off = mode == "off"
-    if mode == "off":
-        _state.enabled, _state.tracer = False, None
-        return
-    _state.enabled, _state.tracer = None, None
-    if mode in ("auto", _state.installed):
+    if mode in ("off", "auto", _state.installed):
         return
     require("opentelemetry.sdk.trace", "otel", f"tracing={mode}")
     from opentelemetry import trace
@@ -108,10 +134,8 @@ def current_traceparent() -> str | None:
     """The `traceparent` of the span current in this context: what a submission stores."""
     if _tracer() is None:
         return None
-    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-
     carrier: dict[str, str] = {}
-    TraceContextTextMapPropagator().inject(carrier)
+    _state.propagator.inject(carrier)
     return carrier.get("traceparent")
 
 
@@ -120,9 +144,7 @@ def inject(headers: dict[str, str], fallback: str | None = None) -> None:
     a current span (no OpenTelemetry here), `fallback`, the context stored with the run, so the
     receiver still joins the submitter's trace. Nothing when tracing is `off`."""
     if _tracer() is not None:
-        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-
-        TraceContextTextMapPropagator().inject(headers)
+        _state.propagator.inject(headers)
     if "traceparent" not in headers and not _state.off and valid_traceparent(fallback):
         headers["traceparent"] = str(fallback)
 
@@ -139,11 +161,10 @@ def valid_traceparent(value: str | None) -> str | None:
 
 def _context_of(traceparent: str | None) -> Context | None:
     from opentelemetry import trace
-    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
     if not traceparent:
         return None
-    context = TraceContextTextMapPropagator().extract({"traceparent": traceparent})
+    context = _state.propagator.extract({"traceparent": traceparent})
     return context if trace.get_current_span(context).get_span_context().is_valid else None
 
 
@@ -188,10 +209,9 @@ def traceparent_of(current: Span | None) -> str | None:
     if current is None or not current.get_span_context().is_valid:
         return None
     from opentelemetry import trace
-    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
     carrier: dict[str, str] = {}
-    TraceContextTextMapPropagator().inject(carrier, trace.set_span_in_context(current))
+    _state.propagator.inject(carrier, trace.set_span_in_context(current))
     return carrier.get("traceparent")
 
 

@@ -38,10 +38,9 @@ def spans() -> Iterator[Any]:
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     exporter.tracer = provider.get_tracer("jobq")
-    saved = (tracing._state.enabled, tracing._state.tracer)
-    tracing._state.enabled, tracing._state.tracer = True, exporter.tracer
+    tracing.pin(exporter.tracer)
     yield exporter
-    tracing._state.enabled, tracing._state.tracer = saved
+    tracing.pin(None)
     provider.shutdown()
 
 
