@@ -5,7 +5,9 @@ Spans go to the SDK's in-memory exporter (the `spans` fixture of conftest.py).
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import subprocess
 import sys
 import textwrap
@@ -246,3 +248,47 @@ def test_tracing_off_makes_no_spans_and_keeps_no_context(h: Harness, spans: Any)
         tracing.configure("auto", "jobq-test")
     assert h.client.job(handle.job_id).trace is None
     assert [s.name for s in spans.get_finished_spans()] == ["caller"]
+
+
+EXPORTING = textwrap.dedent(
+    """
+    import sys
+    from opentelemetry import trace
+    from jobq import tracing
+
+    tracing.configure(sys.argv[1], "jobq-test")
+    with tracing.span("jobq.dispatch", parent="00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"):
+        pass
+    trace.get_tracer_provider().shutdown()  # flush, as the SDK does at exit
+    """
+)
+
+
+def test_tracing_console_installs_the_sdk_and_prints_each_span_with_the_daemon_s_service_name() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    ran = subprocess.run(
+        [sys.executable, "-c", EXPORTING, "console"], capture_output=True, text=True, timeout=60, check=False, env=env
+    )
+    assert ran.returncode == 0, ran.stderr
+    printed = json.loads(ran.stdout)
+    assert printed["name"] == "jobq.dispatch"
+    assert printed["context"]["trace_id"] == "0x4bf92f3577b34da6a3ce929d0e0e4736"
+    assert printed["resource"]["attributes"]["service.name"] == "jobq-test"
+
+
+def test_tracing_otlp_sends_the_spans_to_the_configured_collector() -> None:
+    from api.support import Receiver
+
+    with Receiver() as collector:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+        env |= {"OTEL_EXPORTER_OTLP_ENDPOINT": collector.url, "OTEL_SERVICE_NAME": "billing-worker"}
+        ran = subprocess.run(
+            [sys.executable, "-c", EXPORTING, "otlp"], capture_output=True, text=True, timeout=60, check=False, env=env
+        )
+        assert ran.returncode == 0, ran.stderr
+        [request] = collector.requests
+    assert (request.method, request.path) == ("POST", "/v1/traces")
+    assert request.headers["content-type"] == "application/x-protobuf"
+    body = request.body
+    assert bytes.fromhex("4bf92f3577b34da6a3ce929d0e0e4736") in body and b"jobq.dispatch" in body
+    assert b"billing-worker" in body and b"jobq-test" not in body, "OTEL_SERVICE_NAME wins over the default"

@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
+from api.support import Receiver, webhook_job
 from procs import Processes, wait_until
 from services import free_port
 
@@ -24,8 +25,6 @@ pytest.importorskip("opentelemetry.sdk", reason="tracing needs the extra: pip in
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 OTEL_CLI = [sys.executable, str(Path(__file__).with_name("otel_cli.py"))]
-sys.path.insert(0, str(Path(__file__).parent / "api"))
-from support import Receiver, webhook_job  # noqa: E402  (tests/api/support.py)
 
 
 @pytest.fixture
