@@ -227,5 +227,6 @@ def beat(apps: tuple[str, ...], **options: Any) -> None:
     sync the apps' declared periodic schedules (as workers do)."""
     settings = _settings(options)
     d = connect(settings)
-    sync_schedules(apps, d)
+    sync_schedules(apps, d)  # imports the apps: their own logging configuration comes first
+    _observe(settings, "beat")
     run_until_stopped(d, [Beat(d)])
