@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from jobq import logs
+from jobq import logs, tracing
 from jobq.cli.common import (
     backend_options,
     console,
@@ -21,7 +21,7 @@ from jobq.cli.common import (
 )
 from jobq.cli.common import table as new_table
 from jobq.deployment import Deployment
-from jobq.errors import ConfigError, InvalidJob
+from jobq.errors import ConfigError, InvalidJob, JobqError
 from jobq.extras import require
 from jobq.settings import Settings
 
@@ -38,6 +38,12 @@ DEV_ALLOW_CIDRS = ("127.0.0.0/8", "::1/128")  # `jobq dev` may call webhooks on 
 @click.option("--workers", type=int, default=None, help="Worker processes [env JOBQ_API_WORKERS; 1].")
 @click.option("--log-level", default=None, help="DEBUG, INFO, WARNING [env JOBQ_LOG_LEVEL; INFO]")
 @click.option("--log-format", type=click.Choice(["text", "json"]), default=None, help="Log format.")
+@click.option(
+    "--tracing",
+    type=click.Choice(["auto", "console", "otlp", "off"]),
+    default=None,
+    help="OpenTelemetry spans [env JOBQ_TRACING; auto: the application's provider].",
+)
 @backend_options
 def api(host: str | None, port: int | None, workers: int | None, **options: Any) -> None:
     """Serve the HTTP API (/v1/jobs, /v1/dlq, /healthz, /readyz, /metrics, /openapi.json).
@@ -45,6 +51,10 @@ def api(host: str | None, port: int | None, workers: int | None, **options: Any)
     Rate limits are per worker process: with --workers N a tenant may submit N times the limit."""
     settings = load_settings({**options, "api_host": host, "api_port": port, "api_workers": workers})
     logs.configure(settings.log_level, settings.log_format)
+    try:
+        tracing.configure(settings.tracing, "jobq-api")
+    except JobqError as exc:
+        fail(str(exc))
     for module in ("fastapi", "uvicorn", "httpx"):
         require(module, "api", "the HTTP API")
     from jobq.api.server import serve

@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from jobq import logs, metrics
+from jobq import logs, metrics, tracing
 from jobq.cli.common import backend_options, console, err_console, fail, load_apps, load_settings, sync_schedules
 from jobq.daemons.base import Daemon
 from jobq.daemons.beat import Beat
@@ -20,6 +20,7 @@ from jobq.daemons.reaper import Reaper
 from jobq.daemons.scanner import Scanner
 from jobq.daemons.worker import Worker
 from jobq.deployment import Deployment
+from jobq.errors import JobqError
 from jobq.redaction import redact_url
 from jobq.settings import Settings
 from jobq.wiring import connect
@@ -29,6 +30,12 @@ def daemon_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     fn = click.option("--log-level", default=None, help="DEBUG, INFO, WARNING [env JOBQ_LOG_LEVEL; INFO]")(fn)
     fn = click.option("--log-format", type=click.Choice(["text", "json"]), default=None, help="Log format.")(fn)
     fn = click.option("--metrics-port", type=int, default=None, help="Serve Prometheus /metrics on this port.")(fn)
+    fn = click.option(
+        "--tracing",
+        type=click.Choice(["auto", "console", "otlp", "off"]),
+        default=None,
+        help="OpenTelemetry spans [env JOBQ_TRACING; auto: the application's provider].",
+    )(fn)
     return backend_options(fn)
 
 
@@ -86,11 +93,23 @@ def run_until_stopped(d: Deployment, daemons: Sequence[Daemon], on_start: Callab
         raise SystemExit(1)
 
 
-def _settings(options: dict[str, Any], **more: Any) -> Settings:
+def _settings(options: dict[str, Any], role: str | None = None, **more: Any) -> Settings:
+    """The settings; with `role`, logs and tracing are set up for that daemon too (commands that
+    import the application's modules first pass none and call `_observe` after the import, so an
+    application that configures logging itself keeps its configuration)."""
     options = {**options, **{k: v for k, v in more.items() if v is not None}}
     settings = load_settings(options)
-    logs.configure(settings.log_level, settings.log_format)
+    if role is not None:
+        _observe(settings, role)
     return settings
+
+
+def _observe(settings: Settings, role: str) -> None:
+    logs.configure(settings.log_level, settings.log_format)
+    try:
+        tracing.configure(settings.tracing, f"jobq-{role}")
+    except JobqError as exc:
+        fail(str(exc))
 
 
 def _queues(value: str | None) -> tuple[str, ...] | None:
@@ -125,6 +144,7 @@ def dev(
 
     settings = dev_settings(_settings(options, queues=_queues(queues), concurrency=concurrency, api_port=api_port))
     app, registry = load_apps(apps)
+    _observe(settings, "dev")
     d = connect(settings)
     app.use(d)
     caller = webhook_caller(d)
@@ -168,6 +188,7 @@ def worker(
     """Run tasks from the given queues in strict priority order."""
     settings = _settings(options, queues=_queues(queues), concurrency=concurrency)
     app, registry = load_apps(apps)
+    _observe(settings, "worker")
     if not registry.names():
         err_console.print("warning: no tasks registered (pass -A MODULE); every run will be handed on")
     d = connect(settings)
@@ -187,7 +208,7 @@ def _simple(name: str, factory: Callable[[Deployment], Daemon], help_text: str) 
     @click.command(name=name, help=help_text)
     @daemon_options
     def command(**options: Any) -> None:
-        settings = _settings(options)
+        settings = _settings(options, role=name)
         d = connect(settings)
         run_until_stopped(d, [factory(d)])
 
@@ -206,5 +227,6 @@ def beat(apps: tuple[str, ...], **options: Any) -> None:
     sync the apps' declared periodic schedules (as workers do)."""
     settings = _settings(options)
     d = connect(settings)
-    sync_schedules(apps, d)
+    sync_schedules(apps, d)  # imports the apps: their own logging configuration comes first
+    _observe(settings, "beat")
     run_until_stopped(d, [Beat(d)])

@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from jobq import tracing
 from jobq.bounds import text_problem
 from jobq.clock import Clock
 from jobq.codec import encode, envelope_for
@@ -96,6 +97,7 @@ class Client:
         fingerprint: str | None = None,
         known_tasks: set[str] | None = None,
         declared_by: str | None = None,
+        trace: str | None = None,
     ) -> Submitted:
         """Validate and store the job with its first runs (and idempotency key) atomically.
 
@@ -104,7 +106,9 @@ class Client:
         client's tenant. `respond(job, next_fire_times)` renders the response to keep with the
         key, so a replay returns it verbatim; `fingerprint` overrides the spec's (the API hashes
         the request as sent). `declared_by` marks the job as a declared schedule of that app
-        (`jobq.periodic`). Raises `InvalidJob` (nothing written), `IdempotencyConflict`,
+        (`jobq.periodic`). `trace` is the submitter's W3C traceparent when it is not the current
+        span's (the API passes its request's); the job and its runs keep the trace of the
+        `jobq.submit` span made here. Raises `InvalidJob` (nothing written), `IdempotencyConflict`,
         `DuplicateJob`."""
         spec = JobSpec.parse(spec, tenant_id=self.tenant_id)
         if self.tenant_id is not None and spec.tenant_id != self.tenant_id:
@@ -112,30 +116,34 @@ class Client:
         if idempotency_key is not None:
             check_idempotency_key(idempotency_key)
         now = self.clock.now_ms()
-        job, runs, _missed = build_job(spec, now, self.limits, known_tasks)
-        if declared_by is not None:
-            job = job.model_copy(update={"declared_by": declared_by})
-        if job.schedule.type is ScheduleType.IMMEDIATE:
-            runs = [self._dispatched(run, now) for run in runs]
-        fires = preview(job, now)
-        response = respond(job, fires) if respond is not None else None
-        record = None
-        if idempotency_key is not None:
-            record = IdempotencyRecord(
-                tenant_id=spec.tenant_id,
-                key=idempotency_key,
-                fingerprint=fingerprint or spec.fingerprint(),
-                job_id=job.job_id,
-                response=response,
-                created_ms=now,
-                expires_ms=now + self.d.settings.idempotency_ttl_s * 1000,
-            )
-        result = self.store.create_job(job, runs, record)
-        if result.created:
-            self._index(runs)
-            self._publish(job, [r for r in runs if r.state is RunState.DISPATCHED])
-            return Submitted(job, True, response, tuple(fires))
-        return Submitted(result.job, False, result.response, tuple(preview(result.job, now)))
+        attributes = {"jobq.tenant_id": spec.tenant_id}
+        with tracing.span("jobq.submit", parent=trace, kind="producer", attributes=attributes) as span:
+            submitter = tracing.current_traceparent() or tracing.valid_traceparent(trace)
+            job, runs, _missed = build_job(spec, now, self.limits, known_tasks, submitter)
+            if declared_by is not None:
+                job = job.model_copy(update={"declared_by": declared_by})
+            tracing.set_attributes(span, {"jobq.job_id": job.job_id, "jobq.schedule_type": job.schedule.type.value})
+            if job.schedule.type is ScheduleType.IMMEDIATE:
+                runs = [self._dispatched(run, now) for run in runs]
+            fires = preview(job, now)
+            response = respond(job, fires) if respond is not None else None
+            record = None
+            if idempotency_key is not None:
+                record = IdempotencyRecord(
+                    tenant_id=spec.tenant_id,
+                    key=idempotency_key,
+                    fingerprint=fingerprint or spec.fingerprint(),
+                    job_id=job.job_id,
+                    response=response,
+                    created_ms=now,
+                    expires_ms=now + self.d.settings.idempotency_ttl_s * 1000,
+                )
+            result = self.store.create_job(job, runs, record)
+            if result.created:
+                self._index(runs)
+                self._publish(job, [r for r in runs if r.state is RunState.DISPATCHED])
+                return Submitted(job, True, response, tuple(fires))
+            return Submitted(result.job, False, result.response, tuple(preview(result.job, now)))
 
     def submit_many(
         self, specs: Sequence[JobSpec | Mapping[str, Any]], *, known_tasks: set[str] | None = None
@@ -150,7 +158,7 @@ class Client:
                 spec = JobSpec.parse(given, tenant_id=self.tenant_id)
                 if self.tenant_id is not None and spec.tenant_id != self.tenant_id:
                     raise InvalidJob(f"tenant_id {spec.tenant_id!r} is not this token's tenant", field="tenant_id")
-                job, runs, _ = build_job(spec, now, self.limits, known_tasks)
+                job, runs, _ = build_job(spec, now, self.limits, known_tasks, tracing.current_traceparent())
             except InvalidJob as exc:
                 raise InvalidJob(f"specs[{i}]: {exc.message}", field=exc.field) from None
             if job.schedule.type is ScheduleType.IMMEDIATE:
@@ -194,7 +202,9 @@ class Client:
             return
         runs = [run for _, run in pairs]
         try:
-            self.d.transport.publish(runs[0].priority.queue, [encode(envelope_for(r, j)) for j, r in pairs])
+            now = self.clock.now_ms()
+            bodies = [encode(envelope_for(r, j, trace=tracing.dispatch_trace(r, now))) for j, r in pairs]
+            self.d.transport.publish(runs[0].priority.queue, bodies)
         except TransportError:
             # The broker refused: hand the runs to the scanner, which publishes when it can.
             now = self.clock.now_ms()
@@ -427,7 +437,9 @@ class Client:
         if found.status in (JobStatus.CANCELLED, JobStatus.QUARANTINED):
             raise Conflict(f"job {name!r} is {found.status.value.lower()}")
         now = self.clock.now_ms()
-        run = new_run(found, now, now, self.limits)
+        # A trigger is an action of its own: it continues the caller's trace, or starts one.
+        trace = tracing.current_traceparent() or tracing.fire_trace(found, now)
+        run = new_run(found, now, now, self.limits, trace=trace)
         added = self.store.add_runs([run])
         if not added:
             raise Conflict(f"job {name!r} was already triggered at {now}")

@@ -50,8 +50,9 @@ class Envelope:
         return JobKey(self.tenant_id, self.job_id)
 
 
-def envelope_for(run: Run, job: Job) -> Envelope:
-    """The message that dispatches `run` (of `job`) at its current fence and attempt."""
+def envelope_for(run: Run, job: Job, trace: str | None = None) -> Envelope:
+    """The message that dispatches `run` (of `job`) at its current fence and attempt; `trace` is the
+    traceparent the worker's spans continue (the dispatch span's)."""
     return Envelope(
         run.run_id,
         run.job_id,
@@ -60,6 +61,7 @@ def envelope_for(run: Run, job: Job) -> Envelope:
         run.priority,
         run.attempt,
         job.payload,
+        trace=trace,
         last=job.completed_by(run.nominal_ms),
         tenant_id=run.tenant_id,
     )

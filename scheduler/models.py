@@ -248,6 +248,9 @@ class Job(_Record):
     next_fire_ms: int | None = None  # the next nominal fire time not yet materialised as a run
     last_run_id: str | None = None  # the newest materialised run (overlap policies look at it)
     paused_ms: int | None = None  # when the job was last paused, while it is paused
+    # The W3C traceparent of the request or `Client` call that submitted the job (`jobq.tracing`).
+    # Left out of the stored document when None, so processes of the previous version read it.
+    trace: str | None = Field(default=None, exclude_if=lambda value: value is None)
     created_ms: int
     updated_ms: int
     version: int = 0
@@ -316,6 +319,9 @@ class Run(_Record):
     # Times the run was given back without using an attempt: a worker shut down while it ran, or
     # no worker that took it served its task. Past a bound, a hand-back counts as an attempt.
     handbacks: int = 0
+    # The W3C traceparent the run's spans continue: its job's for a one-off, a fire's own trace
+    # (linked to the job's) for a recurring job; None when nothing traced it (`jobq.tracing`).
+    trace: str | None = None
     # Set only on a record read back that did not decode (`jobq.records`): why. Never stored.
     corrupt: str | None = Field(default=None, exclude=True)
 

@@ -69,6 +69,9 @@ class Settings(BaseModel):
     metrics_port: int | None = None
     log_level: str = "INFO"
     log_format: str = Field(default="text", pattern="^(text|json)$")
+    # OpenTelemetry (`jobq.tracing`): auto uses the application's tracer provider, if any;
+    # console and otlp install the SDK's (extra `otel`); off makes no spans.
+    tracing: str = Field(default="auto", pattern="^(auto|console|otlp|off)$")
 
     def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
         """`repr(settings)` (and `str`) shows URLs without their passwords or secret parameters."""

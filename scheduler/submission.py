@@ -46,6 +46,7 @@ from jobq.models import (
 )
 from jobq.schedules import cron_for, jitter_ms, next_fire, parse_cron, plan_fires, zone
 from jobq.settings import Settings
+from jobq.tracing import fire_trace
 
 JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$"
 IDEMPOTENCY_KEY_PATTERN = r"^[\x21-\x7e]{1,255}$"  # visible ASCII: it travels in an HTTP header
@@ -237,12 +238,12 @@ def validate_payload(spec: JobSpec, limits: Limits) -> None:
 
 
 def build_job(
-    spec: JobSpec, now_ms: int, limits: Limits, known_tasks: set[str] | None = None
+    spec: JobSpec, now_ms: int, limits: Limits, known_tasks: set[str] | None = None, trace: str | None = None
 ) -> tuple[Job, list[Run], int]:
     """Validate `spec` and return the job, the runs to create with it, and the misfires counted.
 
     `known_tasks`, when given, is every task name a worker or the caller registered; a TASK
-    target outside it is refused.
+    target outside it is refused. `trace` is the submitter's traceparent (`jobq.tracing`).
     """
     validate_payload(spec, limits)
     zone(spec.timezone)
@@ -309,12 +310,16 @@ def build_job(
         updated_ms=now_ms,
         # Only a chosen job id can be submitted again: then an equal spec names the same job.
         spec_fingerprint=spec.fingerprint() if spec.job_id else None,
+        trace=trace,
     )
     return materialise(job, now_ms, limits)
 
 
-def new_run(job: Job, nominal_ms: int, now_ms: int, limits: Limits, prev_run_id: str | None = None) -> Run:
-    """The run of `job` firing at `nominal_ms`: due after its jitter, with its misfire deadline."""
+def new_run(
+    job: Job, nominal_ms: int, now_ms: int, limits: Limits, prev_run_id: str | None = None, trace: str | None = None
+) -> Run:
+    """The run of `job` firing at `nominal_ms`: due after its jitter, with its misfire deadline,
+    continuing the trace `trace`."""
     skip_late = job.recurring and job.misfire_policy is MisfirePolicy.SKIP
     window_ms = limits.misfire_threshold_ms if skip_late else job.catchup_window_s * 1000
     return Run(
@@ -328,6 +333,7 @@ def new_run(job: Job, nominal_ms: int, now_ms: int, limits: Limits, prev_run_id:
         prev_run_id=prev_run_id,
         created_ms=now_ms,
         updated_ms=now_ms,
+        trace=trace,
     )
 
 
@@ -342,7 +348,7 @@ def materialise(job: Job, now_ms: int, limits: Limits) -> tuple[Job, list[Run], 
     if not job.recurring:
         if job.next_fire_ms > now_ms + limits.horizon_ms:
             return job, [], 0
-        run = new_run(job, job.next_fire_ms, now_ms, limits)
+        run = new_run(job, job.next_fire_ms, now_ms, limits, trace=job.trace)  # the submitter's trace
         missed = 0
         if run.deadline_ms is not None and now_ms > run.deadline_ms:
             missed = 1
@@ -363,7 +369,8 @@ def materialise(job: Job, now_ms: int, limits: Limits) -> tuple[Job, list[Run], 
     runs: list[Run] = []
     prev = job.last_run_id
     for nominal in plan.fires:
-        run = new_run(job, nominal, now_ms, limits, prev)
+        # Each fire is a trace of its own, linked to the submission (docs/tracing.md).
+        run = new_run(job, nominal, now_ms, limits, prev, trace=fire_trace(job, nominal))
         if nominal == plan.collapsed_into:
             run = run.model_copy(
                 update={"deadline_ms": max(run.deadline_ms or 0, now_ms + limits.misfire_threshold_ms)}

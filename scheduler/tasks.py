@@ -83,6 +83,9 @@ class TaskContext:
     lease_lost: Flag = field(default_factory=Flag)
     cancelled: Flag = field(default_factory=Flag)
     tenant_id: str = "default"  # the job's tenant: job ids are per tenant
+    tier: str = "default"  # the queue it came from: critical, high, default, low
+    lateness_ms: int = 0  # how long after its due time this attempt started
+    trace: str | None = None  # the W3C traceparent its execution span continues (`jobq.tracing`)
 
     @property
     def should_stop(self) -> bool:

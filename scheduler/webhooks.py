@@ -41,6 +41,7 @@ from urllib.parse import urlsplit
 import httpcore
 import httpx
 
+from jobq import tracing
 from jobq.clock import SYSTEM_CLOCK, Clock
 from jobq.deployment import Deployment
 from jobq.errors import EndpointRefused, InvalidJob, WebhookFailed
@@ -69,6 +70,8 @@ RESERVED_HEADERS = frozenset(
         "proxy-connection",
         "accept-encoding",
         "idempotency-key",
+        "traceparent",  # the W3C trace context of the attempt (`jobq.tracing`)
+        "tracestate",
     }
 )
 _TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # RFC 9110 field-name
@@ -236,13 +239,26 @@ class HttpWebhookCaller:
             raise WebhookFailed(f"job {job.job_id} has no HTTP_WEBHOOK target", retryable=False)
         body = b"" if target.method == "GET" else json.dumps(job.payload, separators=(",", ":")).encode()
         where = _display(target.endpoint)
+        attributes = {"http.request.method": target.method, "url.full": where, **_server(target.endpoint)}
+        with tracing.span(f"jobq.webhook {target.method}", kind="client", attributes=attributes) as span:
+            headers = self.headers(job, ctx, body)
+            tracing.inject(headers, fallback=ctx.trace)  # the receiver continues this span's trace
+            try:
+                return self._send(target, body, headers, where, span)
+            except WebhookFailed as exc:
+                tracing.record_error(span, exc, str(exc))
+                raise
+
+    def _send(
+        self, target: WebhookTarget, body: bytes, headers: dict[str, str], where: str, span: Any
+    ) -> dict[str, Any]:
         try:
             self.policy.parse(target.endpoint)  # scheme and credentials; addresses are checked on connect
             with self.client.stream(
                 target.method,
                 target.endpoint,
                 content=body or None,
-                headers=self.headers(job, ctx, body),
+                headers=headers,
                 timeout=httpx.Timeout(target.timeout_seconds),
             ) as response:
                 result = {"status": response.status_code, "body": self._read_start(response)}
@@ -259,6 +275,7 @@ class HttpWebhookCaller:
         except httpx.TransportError as exc:
             raise WebhookFailed(f"{where}: {type(exc).__name__}: {exc}", retryable=True) from None
         status = response.status_code
+        tracing.set_attributes(span, {"http.response.status_code": status})
         if 200 <= status < 300:
             return result
         if status in RETRYABLE_STATUSES or 500 <= status < 600:
@@ -289,6 +306,16 @@ class HttpWebhookCaller:
 def _reserved(name: str) -> bool:
     lower = name.lower()
     return lower in RESERVED_HEADERS or lower.startswith("x-jobq-")
+
+
+def _server(url: str) -> dict[str, str | int]:
+    """The `server.address` and `server.port` span attributes of `url` (none when it does not parse)."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        return {}
+    return {"server.address": parts.hostname or "", "server.port": port}
 
 
 def _display(url: str) -> str:

@@ -7,7 +7,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 JOBQ = [sys.executable, "-m", "jobq.cli"]
@@ -19,10 +19,16 @@ class Processes:
         self.env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
-    def start(self, name: str, *args: str, extra_env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
+    def start(
+        self,
+        name: str,
+        *args: str,
+        extra_env: Mapping[str, str] | None = None,
+        command: Sequence[str] = JOBQ,
+    ) -> subprocess.Popen[bytes]:
         with open(self.workdir / f"{name}.log", "ab") as log:  # the child keeps its own descriptor
             proc = subprocess.Popen(
-                [*JOBQ, *args], cwd=self.workdir, env={**self.env, **(extra_env or {})}, stdout=log, stderr=log
+                [*command, *args], cwd=self.workdir, env={**self.env, **(extra_env or {})}, stdout=log, stderr=log
             )
         self.procs[name] = proc
         return proc

@@ -24,6 +24,7 @@ from fastapi import APIRouter, Body, Depends, Header, Path, Query
 from fastapi.responses import PlainTextResponse, Response
 from starlette.convertors import Convertor, register_url_convertor
 
+from jobq import tracing
 from jobq.api.auth import Principal
 from jobq.api.errors import ApiError
 from jobq.api.middleware import API_METRICS
@@ -188,6 +189,12 @@ def create_job(
             description="The same key and body within 24 h returns the original response; another body is 409.",
         ),
     ] = None,
+    traceparent: Annotated[
+        str | None,
+        Header(
+            description="W3C trace context: the job's runs continue this trace (ignored when malformed).",
+        ),
+    ] = None,
 ) -> Response:
     """Validate and store a job with its first runs, atomically with its Idempotency-Key.
 
@@ -219,6 +226,8 @@ def create_job(
         respond=lambda job, fires: json.dumps(created_body(job, fires), separators=(",", ":")),
         fingerprint=fingerprint,
         known_tasks=known,
+        # An instrumented server has made the request's span current; otherwise continue the header.
+        trace=None if tracing.current_traceparent() else tracing.valid_traceparent(traceparent),
     )
     location = {"Location": f"/v1/jobs/{submitted.job.job_id}"}
     if submitted.created:

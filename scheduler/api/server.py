@@ -20,7 +20,7 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI
 
-from jobq import logs
+from jobq import logs, tracing
 from jobq.api.app import create_app
 from jobq.daemons.base import Daemon
 from jobq.deployment import Deployment
@@ -35,6 +35,7 @@ def app_from_env() -> FastAPI:
     text = os.environ.get(SETTINGS_ENV)
     settings = Settings.model_validate_json(text) if text else Settings.load()
     logs.configure(settings.log_level, settings.log_format)
+    tracing.configure(settings.tracing, "jobq-api")  # checked by `jobq api` before it started us
     from jobq.wiring import connect  # a uvicorn worker process is its own composition root
 
     return create_app(connect(settings), close_deployment=True)

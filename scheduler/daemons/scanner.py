@@ -37,6 +37,7 @@ from jobq.models import (
 )
 from jobq.ports import ClaimingIndex, IndexEntry, PartitionedIndex
 from jobq.schedules import cron_for, jitter_ms
+from jobq.tracing import dispatch_trace
 
 _C = frozenset({RunState.CLAIMED})
 _MAX_BATCH = 5000  # the largest `scan_batch` the settings accept
@@ -334,7 +335,7 @@ class Scanner(Daemon):
             return
         by_queue: dict[str, list[bytes]] = defaultdict(list)
         for run, job in ready:
-            by_queue[run.priority.queue].append(encode(envelope_for(run, job)))
+            by_queue[run.priority.queue].append(encode(envelope_for(run, job, trace=dispatch_trace(run, now_ms))))
         published: list[Run] = []
         try:
             for run_queue in sorted(by_queue, key=lambda q: _QUEUE_ORDER.get(q, 9)):

@@ -44,7 +44,9 @@ from jobq.records import DECODE_ERRORS, corrupt_job, corrupt_run, priority_of
 
 R = TypeVar("R", IdempotencyRecord, ApiToken)
 
-_STR_FIELDS = ("run_id", "job_id", "tenant_id", "state", "lease_owner", "last_error", "prev_run_id", "blocked_by")
+_STR_FIELDS = (
+    *("run_id", "job_id", "tenant_id", "state", "lease_owner", "last_error", "prev_run_id", "blocked_by", "trace"),
+)
 _INT_FIELDS = (
     *("nominal_ms", "due_ms", "attempt", "fence", "version", "lease_expires_ms", "last_heartbeat_ms"),
     *("deadline_ms", "created_ms", "updated_ms", "dispatched_ms", "started_ms", "finished_ms", "handbacks"),

@@ -90,7 +90,8 @@ CREATE TABLE IF NOT EXISTS jobq_runs (
     dispatched_ms     INTEGER,
     started_ms        INTEGER,
     finished_ms       INTEGER,
-    handbacks         INTEGER NOT NULL DEFAULT 0
+    handbacks         INTEGER NOT NULL DEFAULT 0,
+    trace             TEXT
 );
 -- The scanner's (and beat's repair) query: due runs of one tier, earliest first, ties by id.
 DROP INDEX IF EXISTS jobq_runs_due;
@@ -142,6 +143,8 @@ CREATE TABLE IF NOT EXISTS jobq_workers (
 _JOB_COLUMNS = "job_id, tenant_id, name, status, priority, next_fire_ms, version, doc"
 
 RUN_COLUMNS = RUN_FIELDS  # the table has a column per field
+# Run columns added after the table's first version, in the order they were added, with their DDL.
+_ADDED_RUN_COLUMNS = {"handbacks": "INTEGER NOT NULL DEFAULT 0", "trace": "TEXT"}
 _INSERT_RUN = (
     f"INSERT OR IGNORE INTO jobq_runs ({', '.join(RUN_COLUMNS)}) VALUES ({placeholders(len(RUN_COLUMNS))}) RETURNING *"
 )
@@ -241,17 +244,18 @@ class SqliteStore:
                 conn.execute(statement)
 
     def _add_run_columns(self) -> None:
-        """Add the run columns a file of an earlier version lacks (`handbacks`): looked at first, then
-        again under the write lock, which is taken only when one is missing."""
+        """Add the run columns a file of an earlier version lacks (`handbacks`, `trace`): looked at
+        first, then again under the write lock, which is taken only when one is missing."""
 
-        def missing(conn: sqlite3.Connection) -> bool:
-            return "handbacks" not in {row[1] for row in conn.execute("PRAGMA table_info(jobq_runs)")}
+        def missing(conn: sqlite3.Connection) -> list[str]:
+            present = {row[1] for row in conn.execute("PRAGMA table_info(jobq_runs)")}
+            return [name for name in _ADDED_RUN_COLUMNS if name not in present]
 
         if not missing(self.db.connection()):
             return
         with self.db.write() as conn:
-            if missing(conn):
-                conn.execute("ALTER TABLE jobq_runs ADD COLUMN handbacks INTEGER NOT NULL DEFAULT 0")
+            for name in missing(conn):
+                conn.execute(f"ALTER TABLE jobq_runs ADD COLUMN {name} {_ADDED_RUN_COLUMNS[name]}")
 
     @classmethod
     def from_url(cls, url: str) -> SqliteStore:

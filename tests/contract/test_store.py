@@ -786,3 +786,46 @@ class TestResultExpiry:
         assert redriven is not None
         assert store.expire_results(T0 + 100, 100) == 0
         assert self._result(store, run_id) == {"status": 503, "body": ""}
+
+
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+def test_a_job_and_its_runs_keep_their_trace_context(store: JobStore) -> None:
+    """The submitter's W3C traceparent is stored with the job and with each run, on every backend,
+    and survives the run's transitions (retries and reclaims continue the same trace)."""
+    job = make_job("traced").model_copy(update={"trace": TRACEPARENT})
+    run = make_run("traced", trace=TRACEPARENT)
+    untraced = make_run("traced", T0 + 1000)
+    store.create_job(job, [run, untraced])
+    assert store.get_jobs([key("traced")])[key("traced")].trace == TRACEPARENT
+    stored = store.get_runs([run.run_id, untraced.run_id])
+    assert (stored[run.run_id].trace, stored[untraced.run_id].trace) == (TRACEPARENT, None)
+    [moved] = store.transition(
+        [Transition(run.run_id, frozenset({RunState.SCHEDULED}), RunState.CLAIMED, 0, bump_fence=True)]
+    )
+    assert moved is not None and moved.trace == TRACEPARENT
+    assert store.get_runs([run.run_id])[run.run_id].trace == TRACEPARENT
+    later = make_run("traced", T0 + 2000, trace=TRACEPARENT)
+    assert [r.trace for r in store.add_runs([later])] == [TRACEPARENT]
+
+
+def test_a_sqlite_file_without_the_trace_column_gains_it_in_place(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    SqliteStore(SqliteDatabase(path)).close()
+    raw = sqlite3.connect(path)
+    with raw:
+        raw.execute("ALTER TABLE jobq_runs DROP COLUMN trace")  # as the previous version made it
+        raw.execute(
+            "INSERT INTO jobq_runs (run_id, job_id, tenant_id, nominal_ms, due_ms, priority, state, attempt, "
+            "fence, version, created_ms, updated_ms) VALUES (?, 'old', 'default', ?, ?, 2, 'SCHEDULED', 1, 0, 0, 0, 0)",
+            (f"old:{T0}", T0, T0),
+        )
+    raw.close()
+    store = SqliteStore(SqliteDatabase(path))
+    try:
+        assert store.get_runs([f"old:{T0}"])[f"old:{T0}"].trace is None
+        store.create_job(make_job("new"), [make_run("new", trace=TRACEPARENT)])
+        assert store.get_runs([f"new:{T0}"])[f"new:{T0}"].trace == TRACEPARENT
+    finally:
+        store.close()

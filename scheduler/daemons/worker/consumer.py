@@ -353,6 +353,9 @@ class Consumer:
         payload = w.envelope.payload if w.envelope.payload_inline else (job.payload if job else None)
         ctx = TaskContext(run.run_id, run.job_id, run.attempt, run.fence, w.envelope.task, self.worker_id)
         ctx.tenant_id = run.tenant_id
+        ctx.tier = run.priority.queue
+        ctx.lateness_ms = max(0, now - run.due_ms)
+        ctx.trace = w.envelope.trace or run.trace
         return Attempt(
             run=run,
             job=job,
