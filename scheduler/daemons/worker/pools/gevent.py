@@ -68,9 +68,7 @@ class GeventPool:
         if entry is None:
             return False
         greenlet, _ = entry
-        self._hub.loop.run_callback_threadsafe(
-            greenlet.kill, SoftTimeLimitExceeded("the soft time limit passed"), block=False
-        )
+        self._hub.loop.run_callback_threadsafe(_kill, greenlet, SoftTimeLimitExceeded("the soft time limit passed"))
         return True
 
     def stop(self, attempt: Attempt) -> bool:
@@ -79,7 +77,7 @@ class GeventPool:
         if entry is None:
             return False
         greenlet, ended = entry
-        self._hub.loop.run_callback_threadsafe(greenlet.kill, block=False)
+        self._hub.loop.run_callback_threadsafe(_kill, greenlet, None)
         return ended.wait(STOP_WAIT_S)
 
     def close(self, wait_s: float) -> None:
@@ -95,7 +93,7 @@ class GeventPool:
         if hub is None:
             return
         for greenlet in left:
-            hub.loop.run_callback_threadsafe(greenlet.kill, block=False)
+            hub.loop.run_callback_threadsafe(_kill, greenlet, None)
         if self._closing is not None:
             hub.loop.run_callback_threadsafe(self._closing.set)
         if self._thread is not None and self._thread is not threading.current_thread():
@@ -109,7 +107,10 @@ class GeventPool:
         self._hub = self._gevent.get_hub()
         self._closing = Event()
         ready.set()
-        self._closing.wait()
+        # A wait with a timeout keeps a timer on the loop; without one the hub would see nothing to
+        # wait for (work arrives from other threads) and end the loop.
+        while not self._closing.wait(1.0):
+            pass
 
     def _spawn(self, attempt: Attempt, done: Done, ended: threading.Event) -> None:
         greenlet = self._gevent.spawn(self._run, attempt, done, ended)
@@ -132,3 +133,11 @@ class GeventPool:
             ended.set()
         if outcome is not None:
             done(attempt.key, outcome)
+
+
+def _kill(greenlet: Any, exception: BaseException | None) -> None:
+    """On the hub: raise `exception` (GreenletExit when None) in `greenlet` at its next switch."""
+    if exception is None:
+        greenlet.kill(block=False)
+    else:
+        greenlet.kill(exception, block=False)

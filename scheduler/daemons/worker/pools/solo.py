@@ -10,9 +10,8 @@ from __future__ import annotations
 import threading
 
 from jobq.daemons.worker.attempt import Attempt, AttemptKey, Outcome
-from jobq.daemons.worker.execution import execute, failed
+from jobq.daemons.worker.execution import execute
 from jobq.daemons.worker.pools import Done, raise_in_thread
-from jobq.errors import SoftTimeLimitExceeded
 
 
 class SoloPool:
@@ -35,9 +34,10 @@ class SoloPool:
             finally:
                 with self._lock:
                     self._running = None
-        except SoftTimeLimitExceeded as exc:  # landed just after the task returned
+        except BaseException as exc:  # SystemExit and the like from task code end the attempt, not the worker
+            # (a soft limit that lands just after the task returned leaves its outcome as it was)
             if outcome is None:
-                outcome = failed(exc)
+                outcome = Outcome(exc=exc, error=f"{type(exc).__name__}: {exc}", retryable=False)
         done(attempt.key, outcome)
 
     def interrupt(self, attempt: Attempt) -> bool:
