@@ -111,7 +111,7 @@ def test_a_worker_grows_its_pool_with_the_backlog_and_shrinks_back_to_min_once_i
 
     handles = [wait.delay() for _ in range(20)]
     h.dispatch()
-    worker = h.worker(pool="threads", autoscale=(8, 2), background=False)
+    worker = h.worker(pool="threads", autoscale=(8, 2), concurrency=2, background=False)
     assert worker.concurrency == 2 and gauge("jobq_worker_pool_size") == 2
     ups = METRICS.autoscale.value(direction="up")
 

@@ -60,8 +60,10 @@ class Worker(Daemon):
         self.queues = list(queues or self.settings.queues)
         bounds = autoscale or self.settings.autoscale
         self.autoscaler = Autoscaler(*bounds) if bounds else None
-        # With autoscaling the pool starts at MIN; `concurrency` follows the pool size.
-        self.concurrency = bounds[1] if bounds else (concurrency or self.settings.concurrency)
+        # With autoscaling the pool starts at the concurrency kept within MIN..MAX, and
+        # `concurrency` then follows the pool size.
+        start = concurrency or self.settings.concurrency
+        self.concurrency = min(max(start, bounds[1]), bounds[0]) if bounds else start
         self.worker_id = worker_id or new_worker_id("worker")
         self.poll_s = 0.1
         self.background = background
