@@ -33,6 +33,8 @@ NOOP = "jobq.bench.noop"
 SLEEP = "jobq.bench.sleep"
 SLEEP_ASYNC = "jobq.bench.sleep_async"
 SPIN = "jobq.bench.spin"
+FOREVER = "jobq.bench.forever"
+LEAK = "jobq.bench.leak"
 bench_app = App("jobq-bench")
 _LOG_DIR_VARIABLE = "JOBQ_BENCH_LOG_DIR"
 
@@ -62,13 +64,30 @@ async def sleep_async(seconds: float) -> None:
 
 
 @bench_app.task(name=SPIN)
-def spin(n: int = 300_000) -> int:
+def spin(n: int = 600_000) -> int:
     """CPU-bound pure Python (about 50 ms for the default `n` on this project's machine)."""
     total = 0
     for i in range(n):
         total += i * i % 7
     noop()
     return total
+
+
+@bench_app.task(name=FOREVER)
+def forever() -> None:
+    """Never returns: what a hard time limit must stop."""
+    while True:
+        time.sleep(0.01)
+
+
+_LEAKED: list[bytes] = []
+
+
+@bench_app.task(name=LEAK)
+def leak(kib: int = 1024) -> None:
+    """Keeps `kib` KiB for the life of the process: what `--max-memory-per-child` is for."""
+    _LEAKED.append(os.urandom(kib * 1024))
+    noop()
 
 
 @functools.cache
