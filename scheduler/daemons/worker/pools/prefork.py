@@ -47,6 +47,7 @@ log = logging.getLogger("jobq.worker")
 
 _POLL_S = 0.05  # how often a parent thread looks at its child and the attempt's flags while it runs
 _ORPHAN_CHECK_S = 1.0  # how often a child checks that its parent is alive
+_CLOSE_GRACE_S = 2.0  # at close, how long children get to exit before they are killed
 _STOP = None
 
 # --- the child ------------------------------------------------------------------------------
@@ -294,8 +295,23 @@ class PreforkPool:
         for slot in slots:
             while slot.attempt is not None and time.monotonic() < deadline:
                 time.sleep(_POLL_S)
+        # Idle children read end-of-file and exit; busy ones (their runs were handed back) are killed
+        # after a short grace shared by all, not one per child.
+        ending = [(slot.process, slot.conn) for slot in slots]
         for slot in slots:
-            self._end_child(slot)
+            slot.process = slot.conn = None
+        for _, conn in ending:
+            if conn is not None:
+                with contextlib.suppress(OSError):
+                    conn.close()
+        grace = time.monotonic() + _CLOSE_GRACE_S
+        for process, _ in ending:
+            if process is None:
+                continue
+            process.join(max(0.0, grace - time.monotonic()))
+            if process.is_alive():
+                process.kill()
+                process.join(2)
 
     # -- figures --------------------------------------------------------------------------------
 
@@ -329,7 +345,8 @@ class PreforkPool:
         killed it (the worker has already written that attempt off)."""
         if slot.process is None or not slot.process.is_alive():
             self._fork(slot)
-        assert slot.conn is not None
+        conn, process = slot.conn, slot.process
+        assert conn is not None and process is not None
         with self._lock:
             slot.attempt = attempt
         ctx = attempt.ctx
@@ -345,21 +362,21 @@ class PreforkPool:
         forwarded: set[str] = set()
         try:
             try:
-                slot.conn.send(("run", attempt.key, attempt.task.name, attempt.payload, fields))
+                conn.send(("run", attempt.key, attempt.task.name, attempt.payload, fields))
                 while True:
                     for flag in ("lease_lost", "cancelled"):
                         if flag not in forwarded and getattr(ctx, flag).is_set():
                             forwarded.add(flag)
-                            slot.conn.send(("flag", attempt.key, flag))
-                    if slot.conn.poll(_POLL_S):
-                        _, key, data, retire = slot.conn.recv()
-                        if retire:
+                            conn.send(("flag", attempt.key, flag))
+                    if conn.poll(_POLL_S):
+                        _, key, data, retire = conn.recv()
+                        if retire and not self._closed:
                             self._end_child(slot)
                             self._fork(slot)  # ready before the next attempt arrives
                         return _rebuilt(data) if key == attempt.key else None
-                    if not slot.process.is_alive():
+                    if not process.is_alive():
                         raise EOFError
-            except (EOFError, OSError, BrokenPipeError):
+            except (EOFError, OSError, ValueError):  # ValueError: a pipe closed under us at close
                 return self._died(slot, attempt)
         finally:
             with self._lock:
