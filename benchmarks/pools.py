@@ -65,9 +65,9 @@ def row(label: str, result: Result) -> dict[str, Any]:
 
 def w1(args: argparse.Namespace) -> list[dict[str, Any]]:
     out = []
-    for workers in (1, 2):
+    for workers in args.workers:
         for pool in args.pools.split(","):
-            c = W1_CONCURRENCY[pool]
+            c = args.w1_concurrency or W1_CONCURRENCY[pool]
             out.append(row(f"W1 {pool} -c {c} x{workers}", bench(args.stack, pool, c, NOOP, args.runs, [], workers)))
     return out
 
@@ -152,7 +152,7 @@ def cpu(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 @contextmanager
-def daemons(urls: dict[str, str], worker: list[str], port: int) -> Iterator[subprocess.Popen[bytes]]:
+def daemons(urls: dict[str, str], worker: list[str], port: int) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
     env = {**os.environ, **{f"JOBQ_{k.upper()}": v for k, v in urls.items()}, "JOBQ_LOG_LEVEL": "INFO"}
     env["JOBQ_BENCH_LOG_DIR"] = tempfile.mkdtemp(prefix="executed-")
     jobq = [sys.executable, "-m", "jobq.cli"]
@@ -164,7 +164,7 @@ def daemons(urls: dict[str, str], worker: list[str], port: int) -> Iterator[subp
         [*jobq, "worker", "-A", "jobq.bench", "--metrics-port", str(port), *worker], env=env, stdout=log, stderr=log
     )
     try:
-        yield w
+        yield w, Path(env["JOBQ_BENCH_LOG_DIR"])
     finally:
         for p in [*procs, w]:
             p.send_signal(signal.SIGTERM)
@@ -219,23 +219,19 @@ def autoscale(args: argparse.Namespace) -> list[dict[str, Any]]:
         d = connect(Settings.load(urls, env={}))
         client = Client(d)
         worker = ["-P", args.pool, "-c", "2", "--autoscale", "64,2"]
-        with daemons(urls, worker, port):
+        with daemons(urls, worker, port) as (_, logs):
             while metric(port, "jobq_worker_pool_size") is None:
                 time.sleep(0.2)
             t0 = time.time()
-            jobs = client.submit_many([spec(SLEEP, [0.05]) for _ in range(args.runs)])
+            client.submit_many([spec(SLEEP, [0.05]) for _ in range(args.runs)])
             drained_at = grown_at = None
             while time.time() - t0 < 300:
                 size = metric(port, "jobq_worker_pool_size") or 0
                 samples.append((time.time() - t0, size))
                 if grown_at is None and size > 2:
                     grown_at = time.time() - t0
-                if drained_at is None and len(samples) % 8 == 0:
-                    done = sum(1 for j in jobs[-50:] if (r := client.get(j.job_id).current_run) and r.state.terminal)
-                    if done == 50 and all(
-                        (r := client.get(j.job_id).current_run) and r.state.terminal for j in jobs[::50]
-                    ):
-                        drained_at = time.time() - t0
+                if drained_at is None and _executed(logs) >= args.runs:
+                    drained_at = time.time() - t0
                 if drained_at is not None and size == 2:
                     break
                 time.sleep(0.25)
@@ -257,15 +253,15 @@ def autoscale(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 def memory(args: argparse.Namespace) -> list[dict[str, Any]]:
     out = []
-    for label, extra in (("no recycling", []), ("--max-memory-per-child 262144", ["--max-memory-per-child", "262144"])):
+    for label, extra in (("no recycling", []), ("--max-memory-per-child 204800", ["--max-memory-per-child", "204800"])):
         with stack(args.stack) as urls:
             d = connect(Settings.load(urls, env={}))
             client = Client(d)
-            with daemons(urls, ["-P", "prefork", "-c", "2", *extra], 9467) as w:
+            with daemons(urls, ["-P", "prefork", "-c", "2", *extra], 9467) as (w, logs):
                 time.sleep(3)
-                jobs = client.submit_many([spec(LEAK, [1024]) for _ in range(args.runs)])
+                client.submit_many([spec(LEAK, [4096]) for _ in range(args.runs)])
                 peak = 0
-                while not all((r := client.get(j.job_id).current_run) and r.state.terminal for j in jobs[-5:]):
+                while _executed(logs) < args.runs:
                     peak = max(peak, _tree_rss_kib(w.pid))
                     time.sleep(0.25)
                 end = _tree_rss_kib(w.pid)
@@ -273,6 +269,10 @@ def memory(args: argparse.Namespace) -> list[dict[str, Any]]:
         print(f"  {label:<32} worker + children RSS: peak {peak / 1024:,.0f} MiB, at the end {end / 1024:,.0f} MiB")
         out.append({"label": label, "peak_mib": peak / 1024, "end_mib": end / 1024})
     return out
+
+
+def _executed(logs: Path) -> int:
+    return sum(p.read_text().count("\n") for p in logs.glob("executed-*.log"))
 
 
 def _tree_rss_kib(pid: int) -> int:
@@ -300,6 +300,8 @@ def main() -> None:
     parser.add_argument("--pools", default="prefork,threads,gevent,asyncio,solo")
     parser.add_argument("--pool", default="threads", help="autoscale: the pool to grow")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--workers", type=lambda v: [int(x) for x in v.split(",")], default=[1, 2])
+    parser.add_argument("--w1-concurrency", type=int, default=None, help="w1: one -c for every pool")
     args = parser.parse_args()
     defaults = {"w1": 20_000, "io": 10_000, "cpu": 200, "hardlimit": 0, "autoscale": 5_000, "memory": 300}
     args.runs = args.runs or defaults[args.what]
