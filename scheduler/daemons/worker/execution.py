@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 from jobq import logs, tracing
@@ -52,7 +52,7 @@ async def execute_async(task: TaskDef, ctx: TaskContext, payload: Any) -> Outcom
 
 
 @contextlib.contextmanager
-def _attempt(task: TaskDef, ctx: TaskContext) -> Iterator[Any]:
+def _attempt(task: TaskDef, ctx: TaskContext) -> Iterator[Callable[[Outcome], Outcome]]:
     """The attempt's span and log context; yields `finish(outcome)`, which records a failure on
     the span and returns the outcome."""
     fields: tracing.Attributes = {

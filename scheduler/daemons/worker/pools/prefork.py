@@ -24,6 +24,7 @@ of the same class name, which is what retry policies match on).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import multiprocessing
 import os
@@ -49,6 +50,7 @@ _POLL_S = 0.05  # how often a parent thread looks at its child and the attempt's
 _ORPHAN_CHECK_S = 1.0  # how often a child checks that its parent is alive
 _CLOSE_GRACE_S = 2.0  # at close, how long children get to exit before they are killed
 _STOP = None
+_FLAGS = ("lease_lost", "cancelled")
 
 # --- the child ------------------------------------------------------------------------------
 
@@ -350,21 +352,14 @@ class PreforkPool:
         with self._lock:
             slot.attempt = attempt
         ctx = attempt.ctx
-        fields = {
-            "run_id": ctx.run_id,
-            "job_id": ctx.job_id,
-            "attempt": ctx.attempt,
-            "fence": ctx.fence,
-            "task": ctx.task,
-            "worker_id": ctx.worker_id,
-            "tenant_id": ctx.tenant_id,
-        }
+        # Every field of the context but its flags, which the child keeps and this thread forwards.
+        fields = {f.name: getattr(ctx, f.name) for f in dataclasses.fields(ctx) if f.name not in _FLAGS}
         forwarded: set[str] = set()
         try:
             try:
                 conn.send(("run", attempt.key, attempt.task.name, attempt.payload, fields))
                 while True:
-                    for flag in ("lease_lost", "cancelled"):
+                    for flag in _FLAGS:
                         if flag not in forwarded and getattr(ctx, flag).is_set():
                             forwarded.add(flag)
                             conn.send(("flag", attempt.key, flag))
