@@ -150,3 +150,43 @@ def test_bad_worker_options_exit_2_with_one_line(args: list[str], message: str, 
     assert result.exit_code == 2, result.output
     assert message in result.output
     assert "Traceback" not in result.output
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("how", "reason"),
+    [
+        ("segfault", "killed by signal SIGSEGV"),
+        ("oom-kill", "killed by signal SIGKILL"),  # what the OOM killer sends
+        ("exit", "exit code 3"),
+    ],
+)
+def test_a_prefork_child_dying_mid_task_fails_the_attempt_with_the_reason_and_the_worker_goes_on(
+    h: Harness, how: str, reason: str
+) -> None:
+    import signal
+
+    @h.app.task(name="t.die")
+    def die(how: str) -> None:
+        if how == "segfault":
+            os.kill(os.getpid(), signal.SIGSEGV)
+        elif how == "oom-kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        os._exit(3)
+
+    @h.app.task(name="t.pid")
+    def pid() -> int:
+        return os.getpid()
+
+    dying = die.delay(how)
+    h.dispatch()
+    worker = h.worker(pool="prefork", concurrency=1)
+    h.work(worker)
+    run = h.client.get(dying.job_id).current_run
+    assert run is not None and run.attempt == 2 and run.state is RunState.SCHEDULED
+    assert run.last_error is not None and "WorkerLost" in run.last_error and reason in run.last_error
+    after = pid.delay()
+    h.dispatch()
+    h.work(worker)
+    alive = h.client.get(after.job_id).current_run
+    assert alive is not None and alive.state is RunState.SUCCEEDED and alive.result != os.getpid()
