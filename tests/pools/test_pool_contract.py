@@ -30,6 +30,7 @@ from jobq.daemons.beat import Beat
 from jobq.daemons.reaper import Reaper
 from jobq.daemons.scanner import Scanner
 from jobq.daemons.worker import Worker
+from jobq.metrics import METRICS, Gauge
 from jobq.models import Run, RunState
 from jobq.settings import Settings
 from jobq.wiring import connect, init_store
@@ -236,10 +237,12 @@ def test_the_hard_limit_fails_the_attempt_with_task_timeout_and_fences_it(
     assert run.last_error is not None and "TaskTimeout" in run.last_error
     if pool in KILLABLE:
         wait_until(lambda: h.worker.state.lost_slots() == 0)
+        assert slots_gauge("lost") == 0
         # The slot came back: the next task runs on it (concurrency is 1).
         assert h.run_job(h.delay("c.add", 1, 1)).state is RunState.SUCCEEDED
     else:
         assert h.worker.state.lost_slots() == 1, "a thread cannot be killed: its slot is lost"
+        assert slots_gauge("lost") == 1 and slots_gauge("free") == 0
         assert not h.worker.healthy(), "every slot lost turns the worker unhealthy"
 
 
@@ -298,6 +301,16 @@ def test_a_crashing_task_fails_its_attempt_and_the_worker_runs_the_next_one(
         assert run.state is RunState.FAILED and run.dead_letter
         assert run.last_error is not None and "SystemExit" in run.last_error
     assert h.run_job(h.delay("c.add", 2, 2)).state is RunState.SUCCEEDED
+
+
+def slots_gauge(state: str) -> float:
+    """`jobq_worker_slots{state}` as a scrape would read it now."""
+    for metric in METRICS.all():
+        if metric.name == "jobq_worker_slots":
+            assert isinstance(metric, Gauge)
+            metric.refresh()
+            return metric.value(state=state)
+    raise AssertionError("jobq_worker_slots is not exported")
 
 
 def touch_file(path: str) -> None:
