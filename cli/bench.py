@@ -9,6 +9,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from jobq.bench import Bench, Result
 from jobq.cli.common import backend_options, console, deployment, load_settings, print_json, table
+from jobq.daemons.worker.pools import POOLS
 
 WORKLOADS = ("instant", "spike", "priority-spike", "spread")
 
@@ -25,7 +26,8 @@ WORKLOADS = ("instant", "spike", "priority-spike", "spread")
 )
 @click.option("-n", "--runs", type=click.IntRange(1), default=None, help="Runs per workload [W1 20,000; W2 10,000].")
 @click.option("--workers", type=click.IntRange(1, 64), default=1, show_default=True, help="Worker processes.")
-@click.option("-c", "--concurrency", type=click.IntRange(1, 1024), default=64, show_default=True)
+@click.option("-c", "--concurrency", type=click.IntRange(1, 10_000), default=64, show_default=True)
+@click.option("-P", "--pool", type=click.Choice(POOLS), default="threads", show_default=True, help="The workers' pool.")
 @click.option("--lead", "lead_s", type=float, default=10.0, show_default=True, help="Seconds before a spike is due.")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
 @backend_options
@@ -34,6 +36,7 @@ def bench(
     runs: int | None,
     workers: int,
     concurrency: int,
+    pool: str,
     lead_s: float,
     as_json: bool,
     **options: Any,
@@ -59,7 +62,7 @@ def bench(
         def report(phase: str, done: int, total: int) -> None:
             progress.update(task, description=phase, completed=done, total=total)
 
-        b = Bench(d, workers=workers, concurrency=concurrency, progress=report)
+        b = Bench(d, workers=workers, concurrency=concurrency, pool=pool, progress=report)
         for name in chosen:
             if name == "instant":
                 results.append(b.instant(runs or 20_000))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from types import FrameType
@@ -19,6 +20,7 @@ from jobq.daemons.beat import Beat
 from jobq.daemons.reaper import Reaper
 from jobq.daemons.scanner import Scanner
 from jobq.daemons.worker import Worker
+from jobq.daemons.worker.pools import POOLS
 from jobq.deployment import Deployment
 from jobq.errors import JobqError
 from jobq.redaction import redact_url
@@ -176,17 +178,87 @@ def dev(
             caller.close()
 
 
+# `jobq worker -P gevent` starts over in a fresh interpreter that monkey-patches the standard
+# library before it imports anything else (jobq itself imports socket; ssl, redis and boto3 must
+# come after the patch), then runs the same command line.
+_GEVENT_BOOT = (
+    "import sys; from gevent import monkey; monkey.patch_all(); "
+    "from jobq.cli.main import cli; sys.exit(cli(prog_name='jobq'))"
+)
+_GEVENT_BOOTED = "JOBQ_GEVENT_PATCHED"
+
+
+def _patch_for_gevent() -> None:
+    from jobq.extras import require
+
+    monkey = require("gevent.monkey", "gevent", "the gevent pool (-P gevent)")
+    if monkey.is_module_patched("socket"):
+        return
+    if os.environ.get(_GEVENT_BOOTED):
+        fail("-P gevent: the standard library could not be monkey-patched before start")
+    os.environ[_GEVENT_BOOTED] = "1"
+    os.execv(sys.executable, [sys.executable, "-c", _GEVENT_BOOT, *sys.argv[1:]])
+
+
 @click.command()
 @click.option("-A", "--app", "apps", multiple=True, metavar="MODULE", help="Import tasks from MODULE[:APP].")
 @click.option("-Q", "--queues", default=None, help="Queues to consume, highest priority first.")
-@click.option("-c", "--concurrency", type=int, default=None, help="Tasks run at once [4].")
+@click.option("-c", "--concurrency", type=int, default=None, help="Tasks run at once (the pool size) [4].")
+@click.option(
+    "-P",
+    "--pool",
+    type=click.Choice(POOLS),
+    default=None,
+    help="Where tasks run: prefork (child processes), threads, gevent (greenlets; jobq[gevent]), "
+    "asyncio (async def tasks), solo (inline) [env JOBQ_POOL; prefork].",
+)
+@click.option("--autoscale", default=None, metavar="MAX,MIN", help="Grow and shrink the pool with the backlog.")
+@click.option("--time-limit", type=click.FloatRange(min=0, min_open=True), default=None, help="Hard limit, seconds.")
+@click.option(
+    "--soft-time-limit",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Seconds until SoftTimeLimitExceeded is raised in the task.",
+)
+@click.option("--max-tasks-per-child", type=click.IntRange(min=1), default=None, help="prefork: recycle after N.")
+@click.option(
+    "--max-memory-per-child",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="KIB",
+    help="prefork: recycle a child whose resident memory passes KIB after a task.",
+)
 @click.option("--worker-id", default=None, help="Name in leases and logs [worker-<host>-<pid>-<rand>].")
 @daemon_options
 def worker(
-    apps: tuple[str, ...], queues: str | None, concurrency: int | None, worker_id: str | None, **options: Any
+    apps: tuple[str, ...],
+    queues: str | None,
+    concurrency: int | None,
+    pool: str | None,
+    autoscale: str | None,
+    time_limit: float | None,
+    soft_time_limit: float | None,
+    max_tasks_per_child: int | None,
+    max_memory_per_child: int | None,
+    worker_id: str | None,
+    **options: Any,
 ) -> None:
     """Run tasks from the given queues in strict priority order."""
-    settings = _settings(options, queues=_queues(queues), concurrency=concurrency)
+    settings = _settings(
+        options,
+        queues=_queues(queues),
+        concurrency=concurrency,
+        pool=pool,
+        autoscale=autoscale,
+        time_limit_s=time_limit,
+        soft_time_limit_s=soft_time_limit,
+        max_tasks_per_child=max_tasks_per_child,
+        max_memory_per_child_kib=max_memory_per_child,
+    )
+    if settings.pool is None:
+        settings = settings.with_overrides(pool="prefork")
+    if settings.pool == "gevent":
+        _patch_for_gevent()
     app, registry = load_apps(apps)
     _observe(settings, "worker")
     if not registry.names():

@@ -26,6 +26,7 @@ from jobq.errors import (
     ResultTimeout,
     Retry,
     ScheduleError,
+    SoftTimeLimitExceeded,
     StoreError,
     TaskCancelled,
     TaskError,
@@ -124,6 +125,7 @@ __all__ = [
     "ResultExpired",
     "ResultNotKept",
     "ResultTimeout",
+    "SoftTimeLimitExceeded",
     "__version__",
 ]
 

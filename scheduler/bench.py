@@ -30,6 +30,11 @@ from jobq.settings import Settings
 from jobq.submission import JobSpec
 
 NOOP = "jobq.bench.noop"
+SLEEP = "jobq.bench.sleep"
+SLEEP_ASYNC = "jobq.bench.sleep_async"
+SPIN = "jobq.bench.spin"
+FOREVER = "jobq.bench.forever"
+LEAK = "jobq.bench.leak"
 bench_app = App("jobq-bench")
 _LOG_DIR_VARIABLE = "JOBQ_BENCH_LOG_DIR"
 
@@ -40,6 +45,49 @@ def noop() -> None:
     from jobq.tasks import current_context
 
     _log_file().write(current_context().run_id + "\n")
+
+
+@bench_app.task(name=SLEEP)
+def sleep(seconds: float) -> None:
+    """I/O-bound: wait `seconds` (cooperatively under gevent, which patches `time.sleep`)."""
+    time.sleep(seconds)
+    noop()
+
+
+@bench_app.task(name=SLEEP_ASYNC)
+async def sleep_async(seconds: float) -> None:
+    """I/O-bound, for the asyncio pool."""
+    import asyncio
+
+    await asyncio.sleep(seconds)
+    noop()
+
+
+@bench_app.task(name=SPIN)
+def spin(n: int = 600_000) -> int:
+    """CPU-bound pure Python (about 50 ms for the default `n` on this project's machine)."""
+    total = 0
+    for i in range(n):
+        total += i * i % 7
+    noop()
+    return total
+
+
+@bench_app.task(name=FOREVER)
+def forever() -> None:
+    """Never returns: what a hard time limit must stop."""
+    while True:
+        time.sleep(0.01)
+
+
+_LEAKED: list[bytes] = []
+
+
+@bench_app.task(name=LEAK)
+def leak(kib: int = 1024) -> None:
+    """Keeps `kib` KiB for the life of the process: what `--max-memory-per-child` is for."""
+    _LEAKED.append(os.urandom(kib * 1024))
+    noop()
 
 
 @functools.cache
@@ -93,6 +141,8 @@ class Bench:
         *,
         workers: int = 1,
         concurrency: int = 16,
+        pool: str = "threads",
+        worker_args: Sequence[str] = (),
         progress: Progress | None = None,
         workdir: Path | None = None,
     ) -> None:
@@ -100,15 +150,20 @@ class Bench:
         self.client = Client(deployment)
         self.workers = workers
         self.concurrency = concurrency
+        self.pool = pool
+        self.worker_args = list(worker_args)
         self.progress = progress or (lambda phase, done, total: None)
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="jobq-bench-"))
 
     # -- workloads ------------------------------------------------------------------------------
 
-    def instant(self, n: int = 20_000) -> Result:
-        """W1: enqueue `n` instant no-op runs, then start the daemons and time until all ran."""
+    def instant(self, n: int = 20_000, *, task: str = NOOP, args: Sequence[object] = ()) -> Result:
+        """W1: enqueue `n` instant no-op runs (or runs of another bench `task` with `args`), then
+        start the daemons and time until all ran."""
         started = time.perf_counter()
-        job_ids = self._submit([self._spec("IMMEDIATE") for _ in range(n)])
+        payload = {"args": list(args), "kwargs": {}}
+        specs = [self._spec("IMMEDIATE", target=TaskTarget(task=task), payload=payload) for _ in range(n)]
+        job_ids = self._submit(specs, bulk=task != NOOP)
         enqueue_s = time.perf_counter() - started
         self._refresh_statistics()
         with self._daemons() as executed:
@@ -166,7 +221,7 @@ class Bench:
 
     def _spec(self, kind: str, **fields: object) -> JobSpec:
         return JobSpec.model_validate(
-            {"schedule_type": kind, "target": TaskTarget(task=NOOP), "job_name": "bench", **fields}
+            {"schedule_type": kind, "target": TaskTarget(task=NOOP), "job_name": "bench"} | fields
         )
 
     def _submit(self, specs: Sequence[JobSpec], *, bulk: bool = False) -> list[JobKey]:
@@ -197,7 +252,8 @@ class Bench:
         env = {**os.environ, **_env(self.d.settings), _LOG_DIR_VARIABLE: str(logs), "JOBQ_LOG_LEVEL": "WARNING"}
         jobq = [sys.executable, "-m", "jobq.cli"]
         commands = [[*jobq, "beat"], [*jobq, "scanner"], [*jobq, "reaper"]]
-        commands += [[*jobq, "worker", "-A", "jobq.bench", "-c", str(self.concurrency)]] * self.workers
+        worker = [*jobq, "worker", "-A", "jobq.bench", "-P", self.pool, "-c", str(self.concurrency), *self.worker_args]
+        commands += [worker] * self.workers
         procs = [subprocess.Popen(c, env=env, stdout=subprocess.DEVNULL) for c in commands]
         try:
             yield logs

@@ -33,6 +33,7 @@
     └── TaskError                   raised by task code to steer the outcome
         ├── Retry
         ├── Fail
+        ├── SoftTimeLimitExceeded   raised inside a task at its soft time limit, so it can clean up
         └── WebhookFailed           a webhook attempt failed; says if it is retryable
 
 Foreign exceptions (sqlite3, redis, botocore, kombu, psycopg) are translated into this tree
@@ -261,6 +262,14 @@ class Retry(TaskError):
 
 class Fail(TaskError):
     """Raised by a task to fail this run now, with no further attempts."""
+
+
+class SoftTimeLimitExceeded(TaskError):
+    """Raised inside a running task when its soft time limit passes (`--soft-time-limit`), so it can
+    clean up before the hard limit stops it. Caught or not, the attempt goes on; left uncaught it
+    fails the attempt like any other exception (retried by the policy)."""
+
+    retryable = True
 
 
 class WebhookFailed(TaskError):

@@ -151,6 +151,9 @@ class Metrics:
         )
         self.history_errors = Counter("jobq_history_errors_total", "History events that could not be written.")
         self.loop_errors = Counter("jobq_loop_errors_total", "Daemon passes that raised.", ("daemon",))
+        self.autoscale = Counter(
+            "jobq_worker_autoscale_total", "Pool size changes made by --autoscale.", ("direction",)
+        )
         self.corrupt_records = Counter(
             "jobq_corrupt_records_total", "Stored records that did not decode, quarantined (job or run).", ("kind",)
         )

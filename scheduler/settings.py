@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from jobq.errors import ConfigError
 from jobq.redaction import redact_url
@@ -49,8 +49,16 @@ class Settings(BaseModel):
     result_ttl_s: int = Field(default=86_400, gt=0, description="a finished run's result is kept this long")
     history_flush_s: float = Field(default=0.2, ge=0, description="0 writes history synchronously")
 
-    concurrency: int = Field(default=4, ge=1, le=1024)
+    concurrency: int = Field(default=4, ge=1, le=10_000)
     queues: tuple[str, ...] = ("critical", "high", "default", "low")
+    # Worker execution (docs/workers.md). None: the command's default (`jobq worker`: prefork;
+    # `jobq dev` and `Worker(...)` in Python: threads).
+    pool: str | None = Field(default=None, pattern="^(prefork|threads|gevent|asyncio|solo)$")
+    time_limit_s: float | None = Field(default=None, gt=0, description="hard limit for tasks with no timeout_s")
+    soft_time_limit_s: float | None = Field(default=None, gt=0, description="SoftTimeLimitExceeded raised in the task")
+    max_tasks_per_child: int | None = Field(default=None, ge=1, description="prefork: recycle a child after N tasks")
+    max_memory_per_child_kib: int | None = Field(default=None, ge=1, description="prefork: recycle above this RSS")
+    autoscale: tuple[int, int] | None = Field(default=None, description="(max, min) pool size, from `MAX,MIN`")
 
     # HTTP API (`jobq api`, `jobq dev`)
     api_host: str = "127.0.0.1"
@@ -72,6 +80,32 @@ class Settings(BaseModel):
     # OpenTelemetry (`jobq.tracing`): auto uses the application's tracer provider, if any;
     # console and otlp install the SDK's (extra `otel`); off makes no spans.
     tracing: str = Field(default="auto", pattern="^(auto|console|otlp|off)$")
+
+    @field_validator("autoscale", mode="before")
+    @classmethod
+    def _autoscale_pair(cls, value: Any) -> Any:
+        """`"8,2"` (flag, variable, file) or `[8, 2]` (file) into (max, min)."""
+        if isinstance(value, str):
+            parts = [p.strip() for p in value.split(",")]
+            if len(parts) != 2 or not all(p.isdigit() for p in parts):
+                raise ValueError("use MAX,MIN with two whole numbers, e.g. 8,2")
+            return (int(parts[0]), int(parts[1]))
+        return value
+
+    @field_validator("autoscale", mode="after")
+    @classmethod
+    def _autoscale_range(cls, value: tuple[int, int] | None) -> tuple[int, int] | None:
+        if value is not None and not 1 <= value[1] <= value[0] <= 10_000:
+            raise ValueError("need 1 <= MIN <= MAX <= 10000 in MAX,MIN")
+        return value
+
+    @model_validator(mode="after")
+    def _soft_below_hard(self) -> Settings:
+        soft, hard = self.soft_time_limit_s, self.time_limit_s
+        if soft is not None and hard is not None and soft >= hard:
+            # Raised as is (pydantic wraps only ValueError), so the message names the key.
+            raise ConfigError("soft_time_limit_s", soft, f"must be below time_limit_s ({hard:g})")
+        return self
 
     def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
         """`repr(settings)` (and `str`) shows URLs without their passwords or secret parameters."""
@@ -138,7 +172,11 @@ def _from_file(path: Path) -> dict[str, Any]:
         raise ConfigError("config", str(path), "no such file") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError("config", str(path), f"not valid TOML: {exc}") from None
-    section = data.get("jobq", data)
+    section: dict[str, Any] = dict(data.get("jobq", data))
+    # A `[jobq.worker]` (or `[worker]`) table holds the worker's own keys: pool, concurrency, limits.
+    worker = section.pop("worker", None)
+    if isinstance(worker, dict):
+        section.update(worker)
     return {_ALIASES.get(k, k): v for k, v in section.items()}
 
 

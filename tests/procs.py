@@ -52,6 +52,17 @@ class Processes:
                 codes[name] = None
         return codes
 
+    def children(self, name: str) -> list[int]:
+        """The pids of the process's own child processes (Linux)."""
+        pid = self.procs[name].pid
+        found: list[int] = []
+        for task in Path(f"/proc/{pid}/task").glob("*"):  # each thread lists the children it forked
+            try:
+                found += [int(c) for c in (task / "children").read_text().split()]
+            except OSError:
+                continue
+        return found
+
     def log(self, name: str) -> str:
         path = self.workdir / f"{name}.log"
         return path.read_text(errors="replace") if path.exists() else ""
@@ -72,3 +83,12 @@ def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str, poll_
             return
         time.sleep(poll_s)
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` is a running process (a zombie waiting to be reaped counts as gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return False
+    return fields[0] != "Z"

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from procs import Processes, wait_until
+from procs import Processes, alive, wait_until
 from stacks import STACKS, Stack, stack
 
 from jobq.client import Client
@@ -71,11 +71,19 @@ def workdir(tmp_path: Path) -> Path:
     return tmp_path
 
 
-@pytest.fixture(params=STACKS)
-def deployed(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Stack, Deployment]]:
-    with stack(request.param, tmp_path) as built:
+# (stack, pool): the default pool (prefork) on every stack; the other pools on the embedded stack
+# only, which is the cheapest cell (what differs between pools is execution, not the backends).
+CELLS = [(name, "prefork") for name in STACKS] + [("sqlite", pool) for pool in ("threads", "gevent", "asyncio")]
+
+
+@pytest.fixture(params=CELLS, ids=[f"{name}-{pool}" for name, pool in CELLS])
+def deployed(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Stack, Deployment, str]]:
+    name, pool = request.param
+    if pool == "gevent":
+        pytest.importorskip("gevent", reason="the gevent pool needs jobq[gevent]")
+    with stack(name, tmp_path) as built:
         d = built.connect()
-        yield built, d
+        yield built, d, pool
         d.close()
 
 
@@ -107,18 +115,18 @@ def _all_runs(d: Deployment) -> list:  # type: ignore[type-arg]
 
 
 def test_every_run_succeeds_exactly_once_across_real_processes(
-    workdir: Path, deployed: tuple[Stack, Deployment]
+    workdir: Path, deployed: tuple[Stack, Deployment, str]
 ) -> None:
     """Two copies of every daemon: copies must never duplicate a run."""
-    built, deployment = deployed
+    built, deployment, pool = deployed
     instant_n, delayed_n, cron_s = round(500 * built.scale), max(5, round(50 * built.scale)), 10
     procs = Processes(workdir, _env(built, workdir))
     try:
         for name in ("beat", "scanner", "reaper"):
             for copy in range(1, built.copies + 1):
                 procs.start(f"{name}-{copy}", name)
-        procs.start("worker-1", "worker", "-A", "e2e_tasks", "-c", "4")
-        procs.start("worker-2", "worker", "-A", "e2e_tasks", "-c", "4")
+        procs.start("worker-1", "worker", "-A", "e2e_tasks", "-c", "4", "-P", pool)
+        procs.start("worker-2", "worker", "-A", "e2e_tasks", "-c", "4", "-P", pool)
         wait_until(lambda: all("serving" in procs.log(w) for w in ("worker-1", "worker-2")), 60, "both workers")
         client = Client(deployment)
         tiers = list(Priority)
@@ -161,14 +169,14 @@ def test_every_run_succeeds_exactly_once_across_real_processes(
 
 
 def test_a_killed_worker_s_run_is_reclaimed_and_completed_elsewhere_with_a_higher_fence(
-    workdir: Path, deployed: tuple[Stack, Deployment]
+    workdir: Path, deployed: tuple[Stack, Deployment, str]
 ) -> None:
-    built, deployment = deployed
+    built, deployment, pool = deployed
     procs = Processes(workdir, _env(built, workdir, lease_s="3", heartbeat_s="1", visibility_timeout_s="60"))
     try:
         for name in ("beat", "scanner", "reaper"):
             procs.start(name, name)
-        procs.start("worker-a", "worker", "-A", "e2e_tasks", "-c", "1", "--worker-id", "worker-a")
+        procs.start("worker-a", "worker", "-A", "e2e_tasks", "-c", "1", "-P", pool, "--worker-id", "worker-a")
         client = Client(deployment)
         job = client.submit(_spec("e2e.slow", payload={"args": [30]})).job
 
@@ -180,8 +188,13 @@ def test_a_killed_worker_s_run_is_reclaimed_and_completed_elsewhere_with_a_highe
         wait_until(lambda: bool(_effects(workdir, "started")), 10, "the task to start")
         held = client.get(job.job_id).current_run
         assert held is not None
+        children = procs.children("worker-a")
+        if pool == "prefork":
+            assert children, "a prefork worker runs its tasks in child processes"
         procs.kill9("worker-a")
-        procs.start("worker-b", "worker", "-A", "e2e_tasks", "-c", "1", "--worker-id", "worker-b")
+        # A prefork child outlives a parent killed by SIGKILL only briefly: it sees it gone and exits.
+        wait_until(lambda: not any(alive(pid) for pid in children), 10, "the killed worker's children to exit")
+        procs.start("worker-b", "worker", "-A", "e2e_tasks", "-c", "1", "-P", pool, "--worker-id", "worker-b")
 
         final = client.wait(job.job_id, timeout_s=60)
         assert final.state is RunState.SUCCEEDED, procs.logs()

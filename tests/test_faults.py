@@ -199,8 +199,11 @@ def test_a_stalled_redis_holds_up_no_outcome_and_duplicates_no_finished_run(work
     assert all(code == 0 for code in codes.values()), (codes, procs.logs())
 
 
+# The pools whose outcome path differs most: prefork (the default: outcomes come back from
+# children), threads, and gevent (store calls yield to the hub while PostgreSQL is away).
 @pytest.mark.timeout(300)
-def test_a_store_outage_during_completion_loses_no_outcome(workdir: Path) -> None:
+@pytest.mark.parametrize("pool", ["prefork", "threads", "gevent"])
+def test_a_store_outage_during_completion_loses_no_outcome(workdir: Path, pool: str) -> None:
     """PostgreSQL is cut off (connections dropped, new ones refused) for 4 s while tasks finish:
     workers hold the finished attempts, keep retrying their outcome writes and renewing their
     leases, and every run ends SUCCEEDED on its first attempt."""
@@ -231,7 +234,9 @@ def test_a_store_outage_during_completion_loses_no_outcome(workdir: Path) -> Non
     try:
         for name in ("scanner", "reaper"):
             procs.start(name, name)
-        procs.start("worker", "worker", "-A", "e2e_tasks", "-c", "16")
+        if pool == "gevent":
+            pytest.importorskip("gevent", reason="the gevent pool needs jobq[gevent]")
+        procs.start("worker", "worker", "-A", "e2e_tasks", "-c", "16", "-P", pool)
         client = Client(d)
         spec = JobSpec.model_validate(
             {"target": TaskTarget(task="e2e.slow"), "schedule_type": "IMMEDIATE", "payload": {"args": [0.3]}}

@@ -120,4 +120,4 @@ def test_the_quickstart_runs_each_kind_of_job_and_the_tour_works(
         worker.send_signal(signal.SIGTERM)
         out, _ = worker.communicate(timeout=60)
     assert worker.returncode == 0, out
-    assert "serving critical,high with 2 slots" in out
+    assert "serving critical,high with 4 slots (prefork pool, autoscaling 2..8)" in out

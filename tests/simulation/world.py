@@ -84,6 +84,9 @@ class StepPool:
     def submit(self, attempt: Attempt, done: Done) -> None:
         self.pending.append((attempt, done))
 
+    def interrupt(self, attempt: Attempt) -> bool:
+        return False
+
     def stop(self, attempt: Attempt) -> bool:
         if not self.killable:
             return False

@@ -56,8 +56,10 @@ class Attempt:
     payload: Any  # the task's arguments, from the message or the job
     ctx: TaskContext
     started_ms: int
-    timeout_s: float | None
+    timeout_s: float | None  # the hard time limit
     beat_ms: int  # when the lease was last renewed
+    soft_timeout_s: float | None = None  # SoftTimeLimitExceeded is raised in the task after this
+    interrupted: bool = False  # the soft limit was applied
     phase: Phase = Phase.EXECUTING
     move: Transition | None = None  # the outcome write, once decided
     kind: str = ""  # SUCCEEDED, RETRYING, FAILED, TIMEOUT, HANDED_BACK: what the history records

@@ -197,6 +197,7 @@ class Consumer:
             job = jobs.get(run.run_id)
             attempts.append(self._attempt(w, run, job, now))
             METRICS.start_lateness.observe(max(0, now - run.due_ms) / 1000, priority=run.priority.value)
+            self.state.note_lateness(now - run.due_ms)
             events.append(event(run, "STARTED", now, worker=self.worker_id))
         self.state.add(attempts)
         if events:
@@ -350,6 +351,12 @@ class Consumer:
         timeout_s = None
         if task is not None:
             timeout_s = task.timeout_s if task.timeout_s is not None else (job.timeout_s if job else None)
+        settings = self.d.settings
+        if timeout_s is None:
+            timeout_s = settings.time_limit_s
+        soft_s = settings.soft_time_limit_s
+        if soft_s is not None and timeout_s is not None and soft_s >= timeout_s:
+            soft_s = None  # a task's own hard limit comes first: no time is left to clean up
         payload = w.envelope.payload if w.envelope.payload_inline else (job.payload if job else None)
         ctx = TaskContext(run.run_id, run.job_id, run.attempt, run.fence, w.envelope.task, self.worker_id)
         ctx.tenant_id = run.tenant_id
@@ -367,6 +374,7 @@ class Consumer:
             started_ms=now,
             timeout_s=timeout_s,
             beat_ms=now,
+            soft_timeout_s=soft_s,
         )
 
     def _settle(self, *, ack: Sequence[Delivery], nack: Sequence[Delivery], delay_s: float = 0.0) -> None:

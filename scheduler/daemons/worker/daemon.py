@@ -1,9 +1,10 @@
 """The worker: a consumer, a pool, a completer and a lease monitor around one `WorkerState`.
 
 Every decision lives in those parts and takes `now`; this module is the runtime that moves
-data between them: the consumer loop (here), a completer thread and a monitor thread. Driven
-by hand instead (`background=False`), `run_once`, `complete_once` and `monitor_once` step the
-same core with no threads of its own, as the simulation does.
+data between them: the consumer loop (here), a completer thread, a monitor thread and, with
+`--autoscale`, an autoscaler thread. Driven by hand instead (`background=False`), `run_once`,
+`complete_once`, `monitor_once` and `autoscale_once` step the same core with no threads of its
+own, as the simulation does.
 """
 
 from __future__ import annotations
@@ -14,15 +15,16 @@ from collections.abc import Sequence
 
 from jobq.daemons.base import MAX_BACKOFF_S, Daemon
 from jobq.daemons.worker.attempt import Attempt, AttemptKey, Outcome, Phase, completes_job, failure, hand_back, success
+from jobq.daemons.worker.autoscale import Autoscaler, Change, Signals, recommended_workers
 from jobq.daemons.worker.broker import BrokerLane
 from jobq.daemons.worker.completer import Completer
 from jobq.daemons.worker.consumer import Consumer
 from jobq.daemons.worker.monitor import LeaseMonitor
-from jobq.daemons.worker.pools import Pool, make_pool
+from jobq.daemons.worker.pools import Pool, PoolOptions, make_pool
 from jobq.daemons.worker.state import WorkerState
 from jobq.deployment import Deployment
 from jobq.ids import new_worker_id
-from jobq.metrics import METRICS
+from jobq.metrics import METRICS, Gauge
 from jobq.ports import HealthCheck
 from jobq.tasks import TaskRegistry, WebhookCaller
 
@@ -31,6 +33,10 @@ COMPLETE_GATHER_S = 0.002  # while other runs execute, outcomes this close toget
 REFILL_WAIT_S = 0.005  # how long a busy worker waits for half its slots before consuming
 DRAIN_S = 10.0  # at shutdown, how long outcomes may take to become durable before the leases are left to expire
 UNHEALTHY_AFTER_S = 60.0  # outcome writes failing this long, or every slot lost, turn /healthz red
+AUTOSCALE_TICK_S = 0.5  # how often the autoscaler reads the backlog (one broker call per queue)
+
+
+POOL_SIZE = Gauge("jobq_worker_pool_size", "Tasks the worker's pool runs at once (changes with --autoscale).")
 
 
 class Worker(Daemon):
@@ -45,19 +51,32 @@ class Worker(Daemon):
         concurrency: int | None = None,
         worker_id: str | None = None,
         webhook: WebhookCaller | None = None,
-        pool: Pool | str = "threads",
+        pool: Pool | str | None = None,
+        autoscale: tuple[int, int] | None = None,
         background: bool = True,
     ) -> None:
         super().__init__(deployment)
         self.registry = registry
         self.queues = list(queues or self.settings.queues)
-        self.concurrency = concurrency or self.settings.concurrency
+        bounds = autoscale or self.settings.autoscale
+        self.autoscaler = Autoscaler(*bounds) if bounds else None
+        # With autoscaling the pool starts at the concurrency kept within MIN..MAX, and
+        # `concurrency` then follows the pool size.
+        start = concurrency or self.settings.concurrency
+        self.concurrency = min(max(start, bounds[1]), bounds[0]) if bounds else start
         self.worker_id = worker_id or new_worker_id("worker")
         self.poll_s = 0.1
         self.background = background
         lease_ms = round(self.settings.lease_s * 1000)
         self.state = WorkerState(self.concurrency)
-        self.pool = make_pool(pool) if isinstance(pool, str) else pool
+        if pool is None or isinstance(pool, str):
+            options = PoolOptions(
+                registry=registry,
+                max_tasks_per_child=self.settings.max_tasks_per_child,
+                max_memory_per_child_kib=self.settings.max_memory_per_child_kib,
+            )
+            pool = make_pool(pool or self.settings.pool or "threads", options)
+        self.pool = pool
         self.consumer = Consumer(
             deployment,
             self.state,
@@ -80,6 +99,9 @@ class Worker(Daemon):
             lease_ms=lease_ms,
             heartbeat_ms=round(self.settings.heartbeat_s * 1000),
         )
+        self.scaling_log: list[tuple[int, int, int, str]] = []  # (at ms, from, to, reason) of every change
+        self.recommended_workers = 1
+        self._export_gauges()
         self._threads: list[threading.Thread] = []
         self._started = False
         self._start_lock = threading.Lock()
@@ -99,6 +121,40 @@ class Worker(Daemon):
     def monitor_once(self, now_ms: int) -> None:
         """Apply time limits and renew the leases that are due."""
         self.monitor.check(now_ms)
+
+    def autoscale_once(self, now_ms: int) -> Change | None:
+        """Read the backlog and resize the pool when the autoscaler says so (see `autoscale`)."""
+        if self.autoscaler is None:
+            return None
+        waiting = 0
+        messages = 0
+        transport = self.d.transport
+        for queue in self.queues:
+            depth = transport.queue_depth(queue)
+            waiting += depth.waiting
+            messages += max(transport.depth(queue), depth.waiting)
+        self.recommended_workers = recommended_workers(messages, self.autoscaler.maximum)
+        busy = self.state.busy() + self.state.lost_slots()
+        late_s = max(0, self.state.take_lateness()) / 1000
+        change = self.autoscaler.decide(Signals(waiting, busy, self.concurrency, late_s), now_ms)
+        if change is not None:
+            self.resize(change.size, change.reason, now_ms)
+        return change
+
+    def resize(self, size: int, reason: str = "asked", now_ms: int | None = None) -> None:
+        """Set the pool size (the number of slots): logged, counted and exported."""
+        before = self.concurrency
+        if size == before:
+            return
+        self.concurrency = size
+        self.state.resize(size)
+        if self._started:
+            self.pool.start(size)
+        at = self.clock.now_ms() if now_ms is None else now_ms
+        self.scaling_log.append((at, before, size, reason))
+        METRICS.autoscale.inc(direction="up" if size > before else "down")
+        POOL_SIZE.set(size)
+        self.log.info("autoscale: pool %d -> %d (%s)", before, size, reason)
 
     def finished(self, key: AttemptKey, outcome: Outcome) -> None:
         """The pool's report of an execution: decide its outcome write (any thread)."""
@@ -132,17 +188,22 @@ class Worker(Daemon):
             self.pool.start(self.concurrency)
             self.lane.start()
             if self.background:
-                for target, name in ((self._completer_loop, "jobq-completer"), (self._monitor_loop, "jobq-monitor")):
+                loops = [(self._completer_loop, "jobq-completer"), (self._monitor_loop, "jobq-monitor")]
+                if self.autoscaler is not None:
+                    loops.append((self._autoscale_loop, "jobq-autoscale"))
+                for target, name in loops:
                     thread = threading.Thread(target=target, name=name, daemon=True)
                     thread.start()
                     self._threads.append(thread)
             self._started = True
+            scaling = f", autoscaling {self.autoscaler.minimum}..{self.autoscaler.maximum}" if self.autoscaler else ""
             self.log.info(
-                "worker %s serving %s with %d slots (%s pool)",
+                "worker %s serving %s with %d slots (%s pool%s)",
                 self.worker_id,
                 ",".join(self.queues),
                 self.concurrency,
                 getattr(self.pool, "name", "?"),
+                scaling,
             )
 
     def run_forever(self, stop: threading.Event) -> None:
@@ -196,6 +257,34 @@ class Worker(Daemon):
             self.state.wait(self._write_due, timeout_s)
             if self.state.executing() > 0:
                 time.sleep(COMPLETE_GATHER_S)
+
+    def _autoscale_loop(self) -> None:
+        while not self._stopping.wait(AUTOSCALE_TICK_S):
+            try:
+                self.autoscale_once(self.clock.now_ms())
+            except Exception:  # the broker is unreachable: keep the size, try again next tick
+                METRICS.loop_errors.inc(daemon="autoscale")
+                self.log.exception("autoscale pass failed")
+
+    def _export_gauges(self) -> None:
+        state = self.state
+        POOL_SIZE.set(self.concurrency)
+
+        def slots() -> dict[tuple[str, ...], float]:
+            lost = state.lost_slots()
+            return {("busy",): state.busy(), ("free",): state.free(), ("lost",): lost}
+
+        METRICS.register(
+            Gauge("jobq_worker_slots", "The worker's slots: busy, free, or lost to a stuck task.", ("state",), slots)
+        )
+        METRICS.register(POOL_SIZE)
+        METRICS.register(
+            Gauge(
+                "jobq_worker_recommended_workers",
+                "Workers needed for every message of this worker's queues at its largest pool size (autoscale MAX).",
+                source=lambda: {(): float(self.recommended_workers)},
+            )
+        )
 
     def _write_due(self) -> bool:
         return bool(self.state.completing(self.clock.now_ms(), 1)) or self._stopping.is_set()

@@ -58,6 +58,15 @@ class LeaseMonitor:
         for attempt in held:
             if self._overdue(attempt, now_ms):
                 self.time_out(attempt, now_ms)
+            elif self._soft_overdue(attempt, now_ms):
+                attempt.interrupted = True
+                interrupted = self.pool.interrupt(attempt)
+                self.log.warning(
+                    "soft time limit of %g s passed: %s",
+                    attempt.soft_timeout_s,
+                    "SoftTimeLimitExceeded raised in the task" if interrupted else "this pool cannot interrupt it",
+                    extra=run_fields(attempt.run),
+                )
         beating = [a for a in held if not a.abandoned and now_ms - a.beat_ms >= self.heartbeat_ms]
         if beating:
             self._renew(beating, now_ms)
@@ -68,6 +77,15 @@ class LeaseMonitor:
             attempt.phase is Phase.EXECUTING
             and attempt.timeout_s is not None
             and now_ms - attempt.started_ms > attempt.timeout_s * 1000
+        )
+
+    @staticmethod
+    def _soft_overdue(attempt: Attempt, now_ms: int) -> bool:
+        return (
+            attempt.phase is Phase.EXECUTING
+            and not attempt.interrupted
+            and attempt.soft_timeout_s is not None
+            and now_ms - attempt.started_ms > attempt.soft_timeout_s * 1000
         )
 
     def _renew(self, beating: list[Attempt], now_ms: int) -> None:

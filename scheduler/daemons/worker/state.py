@@ -21,10 +21,26 @@ class WorkerState:
         self.changed = threading.Condition(self.lock)  # notified whenever attempts or slots change
         self.held: dict[AttemptKey, Attempt] = {}
         self.lost: set[AttemptKey] = set()  # executions given up on that still occupy a slot
+        self.late_ms = 0  # the largest start lateness since the autoscaler last looked
+
+    def resize(self, concurrency: int) -> None:
+        """Change the number of slots (autoscaling); a smaller number frees no running attempt."""
+        with self.changed:
+            self.concurrency = concurrency
+            self.changed.notify_all()
+
+    def note_lateness(self, late_ms: int) -> None:
+        with self.lock:
+            self.late_ms = max(self.late_ms, late_ms)
+
+    def take_lateness(self) -> int:
+        with self.lock:
+            late, self.late_ms = self.late_ms, 0
+            return late
 
     def free(self) -> int:
         with self.lock:
-            return self.concurrency - len(self.held) - len(self.lost.difference(self.held))
+            return max(0, self.concurrency - len(self.held) - len(self.lost.difference(self.held)))
 
     def lost_slots(self) -> int:
         with self.lock:
