@@ -180,9 +180,12 @@ def dev(
 
 # `jobq worker -P gevent` starts over in a fresh interpreter that monkey-patches the standard
 # library before it imports anything else (jobq itself imports socket; ssl, redis and boto3 must
-# come after the patch), then runs the same command line.
+# come after the patch), then runs the same command line. The patch removes `select.epoll`, which
+# trio needs at import: where trio is installed, httpcore (the webhook client) probes it and would
+# die with AttributeError, so trio is marked missing for this process (it cannot run here anyway).
 _GEVENT_BOOT = (
     "import sys; from gevent import monkey; monkey.patch_all(); "
+    "sys.modules.setdefault('trio', None); "
     "from jobq.cli.main import cli; sys.exit(cli(prog_name='jobq'))"
 )
 _GEVENT_BOOTED = "JOBQ_GEVENT_PATCHED"

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +15,7 @@ import pytest
 from click.testing import CliRunner
 from harness import Harness
 
+from jobq.cli.daemons import _GEVENT_BOOTED as _GEVENT_ENV
 from jobq.cli.main import cli
 from jobq.clock import ManualClock
 from jobq.daemons.worker.pools import make_pool
@@ -190,3 +193,44 @@ def test_a_prefork_child_dying_mid_task_fails_the_attempt_with_the_reason_and_th
     h.work(worker)
     alive = h.client.get(after.job_id).current_run
     assert alive is not None and alive.state is RunState.SUCCEEDED and alive.result != os.getpid()
+
+
+@pytest.mark.slow
+def test_a_gevent_worker_starts_where_trio_is_installed(tmp_path: Path) -> None:
+    """gevent's patch removes `select.epoll`; importing trio then raises AttributeError, and httpcore
+    (the webhook client) imports trio whenever it is installed: `jobq worker -P gevent` died at start.
+    A stand-in trio that fails as the real one does under the patch proves the worker no longer
+    reaches it."""
+    pytest.importorskip("gevent", reason="the gevent pool needs jobq[gevent]")
+    fake = tmp_path / "site" / "trio"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("import select\nselect.epoll  # gone under gevent's patch, as in trio\n")
+    (tmp_path / "tasks_mod.py").write_text(
+        "from jobq import App\napp = App('t')\n\n@app.task\ndef noop():\n    return 1\n"
+    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), str(tmp_path)]),
+        "JOBQ_STORE": f"sqlite:///{tmp_path / 'jobq.db'}",
+        "JOBQ_REGISTRY_HEARTBEAT_S": "0",
+    }
+    env.pop(_GEVENT_ENV, None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jobq.cli", "worker", "-A", "tasks_mod", "-P", "gevent", "-c", "2"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lines: list[str] = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if "serving" in line or "Traceback" in line:
+                break
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+    assert any("serving" in line for line in lines), "".join(lines)
