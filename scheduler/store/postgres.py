@@ -24,6 +24,7 @@ from jobq.models import ApiToken, IdempotencyRecord, Job, JobKey, JobStatus, Run
 from jobq.ports import CreateResult, JobQuery, Page, RunQuery
 from jobq.postgresdb import RUN_COLUMNS, PostgresDatabase
 from jobq.records import DECODE_ERRORS, corrupt_job, corrupt_run, priority_of
+from jobq.registry import Census, DaemonRecord, census_from_rows, decode_daemons, expiring
 from jobq.store.memory import job_cursor, parse_job_cursor, parse_run_cursor, refuse_corrupt, run_cursor
 
 if TYPE_CHECKING:
@@ -39,6 +40,15 @@ T = TypeVar("T")
 # -- SQL ----------------------------------------------------------------------------------------
 # Templates: {jobs}, {runs}, {idem}, {workers}, {events} are the schema-qualified tables, {cols}
 # the run columns (named, never `*`, so a column added by a later migration cannot break `Run`).
+
+DAEMON_KEEP_MS = 3_600_000  # expired registry entries are pruned this long after expiry
+_CENSUS = (
+    "SELECT state, priority, dead_letter, COUNT(*) AS n, "
+    "COUNT(*) FILTER (WHERE state IN ('SCHEDULED', 'CLAIMED') AND due_ms <= %(now)s) AS due, "
+    "MIN(due_ms) FILTER (WHERE state IN ('SCHEDULED', 'CLAIMED') AND due_ms <= %(now)s) AS oldest_due_ms, "
+    "MIN(coalesce(dispatched_ms, updated_ms)) FILTER (WHERE state = 'DISPATCHED') AS oldest_dispatched_ms "
+    "FROM {runs} GROUP BY state, priority, dead_letter"
+)
 
 _TIERS = "(VALUES (0::smallint), (1::smallint), (2::smallint), (3::smallint)) AS tier(rank)"
 
@@ -644,6 +654,41 @@ class PostgresStore:
 
     def known_tasks(self) -> set[str]:
         return {r["task"] for r in self.db.read("SELECT DISTINCT unnest(tasks) AS task FROM {workers}")}
+
+    # -- the daemon registry and the census ------------------------------------------------------
+
+    def heartbeat(self, records: Sequence[DaemonRecord], ttl_ms: int) -> None:
+        if not records:
+            return
+        upsert = self.db.sql(
+            "INSERT INTO {daemons} (daemon_id, role, expires_ms, doc) VALUES (%s, %s, %s, %s) "
+            "ON CONFLICT (daemon_id) DO UPDATE SET role = EXCLUDED.role, expires_ms = EXCLUDED.expires_ms, "
+            "doc = EXCLUDED.doc"
+        )
+        prune = self.db.sql("DELETE FROM {daemons} WHERE expires_ms < %s")
+        rows = [(r.daemon_id, r.role.value, r.seen_ms + ttl_ms, expiring(r, ttl_ms).to_json()) for r in records]
+        oldest = min(r.seen_ms for r in records) - DAEMON_KEEP_MS
+
+        def write(conn: Connection) -> None:
+            with conn.cursor() as cur:
+                cur.executemany(upsert, rows)
+            conn.execute(prune, [oldest])
+
+        self.db.run(write)
+
+    def live_daemons(self, now_ms: int) -> list[DaemonRecord]:
+        rows = self.db.read("SELECT doc FROM {daemons} WHERE expires_ms > %s ORDER BY role, daemon_id", [now_ms])
+        return decode_daemons(r["doc"] for r in rows)
+
+    def deregister(self, daemon_ids: Sequence[str]) -> None:
+        if not daemon_ids:
+            return
+        sql = self.db.sql("DELETE FROM {daemons} WHERE daemon_id = ANY(%s)")
+        self.db.run(lambda conn: conn.execute(sql, [list(daemon_ids)]))
+
+    def census(self, now_ms: int) -> Census:
+        """One aggregate over the runs table (a sequential scan: the gauges cache it)."""
+        return census_from_rows(now_ms, [dict(r) for r in self.db.read(_CENSUS, {"now": now_ms})])
 
     # -- tokens and tenants ----------------------------------------------------------------------
 
