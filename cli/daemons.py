@@ -18,11 +18,13 @@ from jobq.cli.common import backend_options, console, err_console, fail, load_ap
 from jobq.daemons.base import Daemon
 from jobq.daemons.beat import Beat
 from jobq.daemons.reaper import Reaper
+from jobq.daemons.registrar import Registrar
 from jobq.daemons.scanner import Scanner
 from jobq.daemons.worker import Worker
 from jobq.daemons.worker.pools import POOLS
 from jobq.deployment import Deployment
 from jobq.errors import JobqError
+from jobq.gauges import register_gauges
 from jobq.redaction import redact_url
 from jobq.settings import Settings
 from jobq.wiring import connect
@@ -50,6 +52,7 @@ def run_until_stopped(d: Deployment, daemons: Sequence[Daemon], on_start: Callab
     stop = threading.Event()
     log = logging.getLogger("jobq")
     ended: list[str] = []
+    daemons = [*daemons, Registrar(d, daemons)]  # every process shows up in the daemon registry
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         if stop.is_set() and signum == signal.SIGINT:
@@ -73,6 +76,8 @@ def run_until_stopped(d: Deployment, daemons: Sequence[Daemon], on_start: Callab
             if not stop.is_set():
                 ended.append(daemon.name)
 
+    if d.settings.metrics_port:
+        register_gauges(d)
     server = metrics.serve(d.settings.metrics_port, health=health) if d.settings.metrics_port else None
     threads = [threading.Thread(target=loop, args=(x,), name=f"jobq-{x.name}") for x in daemons]
     for t in threads:
