@@ -67,6 +67,10 @@ class DaemonRecord:
     last_error: str | None = None
     last_error_ms: int | None = None
     running: tuple[Running, ...] = field(default_factory=tuple)
+    # The process's start-lateness histogram per tier (`Histogram.snapshot` of
+    # `jobq_start_lateness_seconds`: cumulative bucket counts, count, sum), on one worker per process:
+    # `jobq top` turns the differences between two reads into throughput and p50/p99 per tier.
+    start_lateness: dict[str, tuple[float, ...]] = field(default_factory=dict)
 
     def to_json(self) -> str:
         data = asdict(self)
@@ -80,6 +84,7 @@ class DaemonRecord:
         data["role"] = Role(data["role"])
         data["queues"] = tuple(data.get("queues") or ())
         data["running"] = tuple(Running(**r) for r in data.get("running") or ())
+        data["start_lateness"] = {str(k): tuple(v) for k, v in (data.get("start_lateness") or {}).items()}
         return cls(**data)
 
 

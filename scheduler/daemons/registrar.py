@@ -68,6 +68,8 @@ class Registrar(Daemon):
         from jobq import __version__
 
         records = []
+        lateness = {key[0]: tuple(data) for key, data in METRICS.start_lateness.snapshot().items() if key}
+        first_worker = next((d for d in self.daemons if d.name == Role.WORKER), None)
         for daemon in self.daemons:
             fields = {
                 "daemon_id": daemon.daemon_id,
@@ -79,6 +81,8 @@ class Registrar(Daemon):
                 "seen_ms": now_ms,
                 **daemon.report(),
             }
+            if daemon is first_worker:  # the histogram is the process's: report it once
+                fields["start_lateness"] = lateness
             records.append(DaemonRecord(**fields))  # type: ignore[arg-type]
         return records
 

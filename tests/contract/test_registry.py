@@ -53,6 +53,7 @@ def test_a_record_comes_back_with_every_field(store: DaemonRegistry) -> None:  #
         last_error="ValueError: bad [input]",
         last_error_ms=T0 - 10,
         running=running,
+        start_lateness={"HIGH": (1.0, 2.0, 2.0, 0.125)},
     )
     store.heartbeat([record], TTL)
     assert store.live_daemons(T0) == [replace(record, expires_ms=T0 + TTL)]
