@@ -15,10 +15,10 @@ import click
 
 from jobq import logs, metrics, tracing
 from jobq.cli.common import backend_options, console, err_console, fail, load_apps, load_settings, sync_schedules
+from jobq.daemons import registrar
 from jobq.daemons.base import Daemon
 from jobq.daemons.beat import Beat
 from jobq.daemons.reaper import Reaper
-from jobq.daemons.registrar import Registrar
 from jobq.daemons.scanner import Scanner
 from jobq.daemons.worker import Worker
 from jobq.daemons.worker.pools import POOLS
@@ -52,7 +52,8 @@ def run_until_stopped(d: Deployment, daemons: Sequence[Daemon], on_start: Callab
     stop = threading.Event()
     log = logging.getLogger("jobq")
     ended: list[str] = []
-    daemons = [*daemons, Registrar(d, daemons)]  # every process shows up in the daemon registry
+    if registrar.enabled(d):
+        daemons = [*daemons, registrar.Registrar(d, daemons)]  # every process shows up in the daemon registry
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         if stop.is_set() and signum == signal.SIGINT:

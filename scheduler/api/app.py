@@ -15,7 +15,7 @@ from jobq.api.routes import dead_letters, operations, router
 from jobq.api.schedules import router as schedules
 from jobq.api.state import ApiState
 from jobq.api.tokens import tenant_store
-from jobq.daemons.registrar import Presence, Registrar, start_thread
+from jobq.daemons.registrar import Presence, Registrar, enabled, start_thread
 from jobq.deployment import Deployment
 from jobq.gauges import register_gauges
 from jobq.netpolicy import NetPolicy
@@ -55,7 +55,11 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
-        running = start_thread(Registrar(deployment, [Presence(deployment, Role.API)])) if register else None
+        running = (
+            start_thread(Registrar(deployment, [Presence(deployment, Role.API)]))
+            if register and enabled(deployment)
+            else None
+        )
         yield
         if running is not None:
             thread, stop = running

@@ -2,8 +2,9 @@
 
 Every `jobq` daemon process runs one beside its loops (`jobq.cli.daemons.run_until_stopped`,
 and the API's app); it reports each daemon's identity, counters, slots and running attempts
-(`Daemon.report`) with a TTL of three heartbeats, so a process that dies drops out of
-`jobq status` within `TTL_S`. A clean stop removes the entries at once.
+(`Daemon.report`) every `registry_heartbeat_s` (5 s) with a TTL of three heartbeats, so a process
+that dies drops out of `jobq status` within 15 s. A clean stop removes the entries at once.
+`registry_heartbeat_s = 0` turns the registry off (`enabled`).
 
 The registry is a view, never part of the work: a heartbeat that fails is logged once per outage
 and retried at the next beat; it never raises into a loop, never turns `/healthz` red and never
@@ -24,8 +25,8 @@ from jobq.deployment import Deployment
 from jobq.metrics import METRICS
 from jobq.registry import SCHEDULING_ROLES, DaemonRecord, Role
 
-HEARTBEAT_S = 5.0
-TTL_S = 15.0  # three heartbeats: one lost write does not make a daemon look dead
+HEARTBEAT_S = 5.0  # the default of `Settings.registry_heartbeat_s`
+TTL_BEATS = 3  # an entry lives three heartbeats: one lost write does not make a daemon look dead
 WARN_AFTER_S = 30.0
 
 
@@ -34,6 +35,10 @@ def missing_roles_warning(missing: Sequence[Role]) -> str:
     names = ", ".join(r.value for r in missing)
     commands = " ".join(f"`jobq {r.value}`" for r in missing)
     return f"no live {names}: delayed and cron jobs will not run (start {commands}, or `jobq dev`)"
+
+
+def enabled(deployment: Deployment) -> bool:
+    return deployment.settings.registry_heartbeat_s > 0
 
 
 class Registrar(Daemon):
@@ -46,14 +51,13 @@ class Registrar(Daemon):
         deployment: Deployment,
         daemons: Sequence[Daemon],
         *,
-        interval_s: float = HEARTBEAT_S,
-        ttl_s: float = TTL_S,
+        interval_s: float | None = None,
         warn_after_s: float = WARN_AFTER_S,
     ) -> None:
         super().__init__(deployment)
         self.daemons = [d for d in daemons if d.name in Role.__members__.values()]
-        self.interval_s = interval_s
-        self.ttl_ms = round(ttl_s * 1000)
+        self.interval_s = interval_s or self.settings.registry_heartbeat_s or HEARTBEAT_S
+        self.ttl_ms = round(self.interval_s * TTL_BEATS * 1000)
         self.warn_after_ms = round(warn_after_s * 1000)
         self.watch = any(d.name == Role.WORKER for d in self.daemons)
         self.host = socket.gethostname()
