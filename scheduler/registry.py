@@ -131,29 +131,39 @@ def decode_daemons(docs: Iterable[str | bytes]) -> list[DaemonRecord]:
     return records
 
 
-def census_from_rows(now_ms: int, rows: Sequence[dict[str, Any]]) -> Census:
-    """A `Census` from rows of (state, priority rank, dead_letter, n, due, oldest_due_ms,
-    oldest_dispatched_ms) grouped by the first three (the SQL stores' census statement)."""
+def census_from_rows(
+    now_ms: int,
+    active: Sequence[dict[str, Any]],
+    dead_letters: int,
+    finished: dict[str, int],
+    *,
+    exact: bool = True,
+) -> Census:
+    """A `Census` from the SQL stores' reads: `active` rows of (state, priority rank, n, due,
+    oldest_due_ms, oldest_dispatched_ms) for the non-terminal states grouped by state and tier,
+    the dead-letter count, and the terminal states' counts (by state name)."""
     states: dict[RunState, int] = {}
-    dead = 0
     tiers: dict[Priority, list[Any]] = {p: [0, None, 0, None] for p in Priority}
-    for row in rows:
+    for row in active:
         if row["state"] not in RunState.__members__ or row["priority"] not in range(len(PRIORITIES_BY_RANK)):
             continue  # a corrupt row's unknown state or tier is not counted
         state, tier, n = RunState(row["state"]), PRIORITIES_BY_RANK[row["priority"]], int(row["n"])
         states[state] = states.get(state, 0) + n
-        dead += n if row["dead_letter"] else 0
         figures = tiers[tier]
         figures[0] += int(row["due"] or 0)
         figures[1] = _min(figures[1], row["oldest_due_ms"])
         if state is RunState.DISPATCHED:
             figures[2] += n
             figures[3] = _min(figures[3], row["oldest_dispatched_ms"])
+    for name, n in finished.items():
+        if name in RunState.__members__ and n > 0:
+            states[RunState(name)] = states.get(RunState(name), 0) + int(n)
     return Census(
         at_ms=now_ms,
         states=states,
-        dead_letters=dead,
+        dead_letters=dead_letters,
         tiers={p: TierFigures(f[0], f[1], f[2], f[3]) for p, f in tiers.items()},
+        exact=exact,
     )
 
 

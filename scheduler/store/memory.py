@@ -332,21 +332,36 @@ class MemoryStore:
                 self._daemons.pop(daemon_id, None)
 
     def census(self, now_ms: int) -> Census:
-        rows: dict[tuple[str, int, bool], dict[str, Any]] = {}
+        rows: dict[tuple[str, int], dict[str, Any]] = {}
+        finished: dict[str, int] = {}
+        dead = 0
         with self._lock:
             runs = list(self._runs.values())
         for run in runs:
-            key = (run.state.value, run.priority.rank, run.dead_letter)
-            row = rows.setdefault(key, {"state": key[0], "priority": key[1], "dead_letter": key[2], "n": 0, "due": 0})
+            dead += run.dead_letter
+            if run.state.terminal:
+                finished[run.state.value] = finished.get(run.state.value, 0) + 1
+                continue
+            key = (run.state.value, run.priority.rank)
+            row = rows.setdefault(
+                key,
+                {
+                    "state": key[0],
+                    "priority": key[1],
+                    "n": 0,
+                    "due": 0,
+                    "oldest_due_ms": None,
+                    "oldest_dispatched_ms": None,
+                },
+            )
             row["n"] += 1
             if run.state in (RunState.SCHEDULED, RunState.CLAIMED) and run.due_ms <= now_ms:
                 row["due"] += 1
-                row["oldest_due_ms"] = min(row.get("oldest_due_ms") or run.due_ms, run.due_ms)
+                row["oldest_due_ms"] = min(row["oldest_due_ms"] or run.due_ms, run.due_ms)
             if run.state is RunState.DISPATCHED:
                 at = run.dispatched_ms or run.updated_ms
-                row["oldest_dispatched_ms"] = min(row.get("oldest_dispatched_ms") or at, at)
-        full = [{"oldest_due_ms": None, "oldest_dispatched_ms": None, **row} for row in rows.values()]
-        return census_from_rows(now_ms, full)
+                row["oldest_dispatched_ms"] = min(row["oldest_dispatched_ms"] or at, at)
+        return census_from_rows(now_ms, list(rows.values()), dead, finished)
 
     def put_token(self, token: ApiToken) -> None:
         with self._lock:

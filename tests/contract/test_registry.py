@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 from factories import T0, make_job, make_run
 
 from jobq.models import Priority, RunState
 from jobq.ports import DaemonRegistry, JobStore, RunCensus
 from jobq.registry import DaemonRecord, Role, Running
+from jobq.sqlitedb import SqliteDatabase
+from jobq.store.dynamodb_items import shard_of
+from jobq.store.sqlite import SqliteStore
 
 from .test_store import store  # noqa: F401 - the parametrised fixture over every backend
 
@@ -126,3 +130,61 @@ def test_the_census_of_an_empty_store_is_zero(store: JobStore) -> None:  # noqa:
     census = store.census(T0)  # type: ignore[attr-defined]
     assert census.states == {} and census.dead_letters == 0
     assert all(t.due == 0 and t.dispatched == 0 for t in census.tiers.values())
+
+
+def _finished_runs(backend: JobStore, succeeded: int, cancelled: int) -> None:
+    backend.create_job(make_job("job_done"), [])
+    runs = [make_run("job_done", T0 + i, state=RunState.SUCCEEDED) for i in range(succeeded)]
+    runs += [make_run("job_done", T0 + succeeded + i, state=RunState.CANCELLED) for i in range(cancelled)]
+    backend.add_runs(runs)
+
+
+def test_postgres_estimates_finished_runs_from_its_statistics_once_analysed(tmp_path: Path) -> None:
+    from .test_store import _postgres
+
+    db_store = _postgres(tmp_path)
+    try:
+        _finished_runs(db_store, 200, 100)
+        db_store.add_runs([make_run("job_done", T0 - 5, state=RunState.SCHEDULED)])
+        before = db_store.census(T0)  # type: ignore[attr-defined]
+        assert before.exact and before.states[RunState.SUCCEEDED] == 200
+        db_store.db.run(lambda conn: conn.execute(db_store.db.sql("ANALYZE {runs}")))  # type: ignore[attr-defined]
+        after = db_store.census(T0)  # type: ignore[attr-defined]
+        assert not after.exact
+        assert after.states[RunState.SUCCEEDED] == 200 and after.states[RunState.CANCELLED] == 100
+        assert after.states[RunState.SCHEDULED] == 1, "waiting runs are always counted exactly"
+    finally:
+        db_store.close()
+
+
+def test_sqlite_counts_finished_runs_at_most_once_a_minute(tmp_path: Path) -> None:
+    db_store = SqliteStore(SqliteDatabase(tmp_path / "db_store.db"))
+    try:
+        _finished_runs(db_store, 3, 0)
+        assert db_store.census(T0).states[RunState.SUCCEEDED] == 3
+        db_store.add_runs([make_run("job_done", T0 + 100, state=RunState.SUCCEEDED)])
+        db_store.add_runs([make_run("job_done", T0 + 101, state=RunState.SCHEDULED)])
+        soon = db_store.census(T0 + 59_000)
+        assert soon.states[RunState.SUCCEEDED] == 3 and soon.states[RunState.SCHEDULED] == 1
+        assert db_store.census(T0 + 60_000).states[RunState.SUCCEEDED] == 4
+    finally:
+        db_store.close()
+
+
+def test_dynamodb_samples_shards_and_scales_the_counts(tmp_path: Path) -> None:
+    from .test_store import _dynamodb
+
+    db_store = _dynamodb(tmp_path)
+    try:
+        db_store.create_job(make_job("job_1"), [])
+        runs = [make_run("job_1", T0 + i, state=RunState.SCHEDULED) for i in range(64)]
+        db_store.add_runs(runs)
+        db_store.census_shards = 16  # type: ignore[attr-defined]
+        assert db_store.census(T0 + 1000).states[RunState.SCHEDULED] == 64  # type: ignore[attr-defined]
+        db_store.census_shards = 4  # type: ignore[attr-defined]
+        sampled = db_store.census(T0 + 1000)  # type: ignore[attr-defined]
+        in_sample = sum(1 for r in runs if shard_of(r.run_id) < 4)
+        assert not sampled.exact and sampled.states.get(RunState.SCHEDULED, 0) == in_sample * 4
+        assert RunState.SUCCEEDED not in sampled.states, "finished runs are in no index: not counted"
+    finally:
+        db_store.close()
