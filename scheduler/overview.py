@@ -106,10 +106,7 @@ def take_overview(d: Deployment, now_ms: int, *, dead_letters: int = 0) -> Overv
 
 
 def queue_depth(d: Deployment, queue: str) -> tuple[int, float | None]:
-    """Messages waiting in `queue` and the oldest one's age when the broker can tell: through
-    `Transport.queue_depth` where the transport has it, else `Transport.depth` (no age)."""
-    probe = getattr(d.transport, "queue_depth", None)
-    if probe is not None:
-        depth = probe(queue)
-        return int(depth.waiting), depth.oldest_age_s
-    return d.transport.depth(queue), None
+    """Messages waiting in `queue` (ready for a consumer: not in flight, not delayed) and the oldest
+    one's age when the broker can tell (`Transport.queue_depth`)."""
+    depth = d.transport.queue_depth(queue)
+    return depth.waiting, depth.oldest_age_s
