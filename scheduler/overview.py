@@ -54,10 +54,13 @@ class Overview:
 
     def last_errors(self, limit: int = 5) -> list[tuple[int, str, str]]:
         """(when, where, error) newest first: daemons' last errors and the newest dead letters."""
-        errors = [(r.last_error_ms or r.seen_ms, r.daemon_id, r.last_error) for r in self.daemons if r.last_error]
-        errors += [(run.finished_ms or run.updated_ms, run.run_id, run.last_error or "") for run in self.dead_letters]
-        errors.sort(key=lambda e: e[0], reverse=True)
-        return [(at, where, text) for at, where, text in errors[:limit] if text is not None]
+        errors: list[tuple[int, str, str | None]] = [
+            (r.last_error_ms or r.seen_ms, r.daemon_id, r.last_error) for r in self.daemons
+        ]
+        errors += [(run.finished_ms or run.updated_ms, run.run_id, run.last_error) for run in self.dead_letters]
+        shown = [(at, where, text) for at, where, text in errors if text]
+        shown.sort(key=lambda e: e[0], reverse=True)
+        return shown[:limit]
 
     def to_json(self) -> dict[str, Any]:
         """The `jobq status --json` document (keys and units documented in docs/operations.md)."""
