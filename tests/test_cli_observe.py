@@ -13,11 +13,13 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from click.testing import CliRunner, Result
 from harness import Harness
 from procs import JOBQ, Processes, wait_until
 from rich.console import Console
+from services import free_port
 
 from jobq.cli.main import cli
 from jobq.cli.observe import age, top_view
@@ -251,3 +253,28 @@ def test_a_worker_started_alone_warns_within_30_s_and_status_says_the_same(tmp_p
         codes = procs.stop_all()
     assert codes["worker"] == 0, procs.logs()
     assert sys.executable
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+def test_a_daemon_metrics_port_serves_the_gauges_and_a_killed_daemon_drops_out(tmp_path: Path) -> None:
+    port = free_port()
+    store = f"sqlite:///{tmp_path / 'jobq.db'}"
+    procs = Processes(tmp_path, {"JOBQ_STORE": store, "JOBQ_REGISTRY_HEARTBEAT_S": "0.5"})
+    procs.start("scanner", "scanner", "--metrics-port", str(port))
+    procs.start("reaper", "reaper")
+
+    def metrics() -> str:
+        try:
+            return httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+        except httpx.HTTPError:
+            return ""
+
+    try:
+        wait_until(lambda: 'jobq_daemons_alive{role="reaper"} 1' in metrics(), 30, "the reaper in the scanner's gauges")
+        text = metrics()
+        assert 'jobq_daemons_alive{role="scanner"} 1' in text and 'jobq_queue_backlog{queue="critical"} 0' in text
+        procs.kill9("reaper")  # no deregistration: its entry expires after three heartbeats
+        wait_until(lambda: 'jobq_daemons_alive{role="reaper"} 0' in metrics(), 30, "the killed reaper to drop out")
+    finally:
+        procs.stop_all()
