@@ -15,6 +15,7 @@ import click
 
 from jobq import logs, metrics, tracing
 from jobq.cli.common import backend_options, console, err_console, fail, load_apps, load_settings, sync_schedules
+from jobq.daemons import registrar
 from jobq.daemons.base import Daemon
 from jobq.daemons.beat import Beat
 from jobq.daemons.reaper import Reaper
@@ -23,6 +24,7 @@ from jobq.daemons.worker import Worker
 from jobq.daemons.worker.pools import POOLS
 from jobq.deployment import Deployment
 from jobq.errors import JobqError
+from jobq.gauges import register_gauges
 from jobq.redaction import redact_url
 from jobq.settings import Settings
 from jobq.wiring import connect
@@ -50,6 +52,8 @@ def run_until_stopped(d: Deployment, daemons: Sequence[Daemon], on_start: Callab
     stop = threading.Event()
     log = logging.getLogger("jobq")
     ended: list[str] = []
+    if registrar.enabled(d):
+        daemons = [*daemons, registrar.Registrar(d, daemons)]  # every process shows up in the daemon registry
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         if stop.is_set() and signum == signal.SIGINT:
@@ -73,6 +77,8 @@ def run_until_stopped(d: Deployment, daemons: Sequence[Daemon], on_start: Callab
             if not stop.is_set():
                 ended.append(daemon.name)
 
+    if d.settings.metrics_port:
+        register_gauges(d)
     server = metrics.serve(d.settings.metrics_port, health=health) if d.settings.metrics_port else None
     threads = [threading.Thread(target=loop, args=(x,), name=f"jobq-{x.name}") for x in daemons]
     for t in threads:

@@ -205,12 +205,19 @@ def schedule(
 
 
 @click.command()
-@click.argument("job_id")
+@click.argument("job_id", required=False)
 @tenant_option
 @json_option
 @backend_options
-def status(job_id: str, tenant_id: str | None, as_json: bool, **options: Any) -> None:
-    """Show a job: its schedule, current run, lease, fence and counts of runs by state."""
+def status(job_id: str | None, tenant_id: str | None, as_json: bool, **options: Any) -> None:
+    """Show a job: its schedule, current run, lease, fence and counts of runs by state. Without
+    JOB_ID: the deployment at a glance (daemons alive, backlog, due runs, runs per state, dead
+    letters, last errors), with a warning when delayed and cron jobs cannot run."""
+    if job_id is None:
+        from jobq.cli.observe import show_deployment
+
+        show_deployment(as_json, options)
+        return
     key = job_key(job_id, tenant_id)
     with deployment(load_settings(options)) as d:
         view = Client(d).get(key)

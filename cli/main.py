@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from jobq import __version__
-from jobq.cli import api, bench, cron, daemons, jobs, results
+from jobq.cli import api, bench, cron, daemons, jobs, observe, results
 from jobq.cli.common import JobqGroup
 
 
@@ -28,6 +28,8 @@ for command in (
     jobs.schedule,
     cron.cron,
     jobs.status,
+    observe.workers,
+    observe.top,
     jobs.list_jobs,
     jobs.runs,
     results.result,

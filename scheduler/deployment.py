@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from jobq.clock import SYSTEM_CLOCK, Clock
-from jobq.ports import HistorySink, JobStore, TimeIndex, Transport
+from jobq.errors import ConfigError
+from jobq.ports import DaemonRegistry, HistorySink, JobStore, RunCensus, TimeIndex, Transport
 from jobq.settings import Settings
 
 
@@ -20,6 +21,20 @@ class Deployment:
     transport: Transport
     history: HistorySink
     clock: Clock = SYSTEM_CLOCK
+
+    @property
+    def registry(self) -> DaemonRegistry:
+        """The daemon registry; every store backend is one."""
+        if not isinstance(self.store, DaemonRegistry):
+            raise ConfigError("store", type(self.store).__name__, "this store keeps no daemon registry")
+        return self.store
+
+    @property
+    def census(self) -> RunCensus:
+        """The store's run counts; every store backend offers them."""
+        if not isinstance(self.store, RunCensus):
+            raise ConfigError("store", type(self.store).__name__, "this store cannot count runs")
+        return self.store
 
     def close(self) -> None:
         for part in (self.history, self.transport, self.index, self.store):

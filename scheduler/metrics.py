@@ -110,6 +110,11 @@ class Histogram:
             data = self._data.get(key)
             return int(data[-2]) if data else 0
 
+    def snapshot(self) -> dict[tuple[str, ...], list[float]]:
+        """Per label tuple: the cumulative count of each bucket of `BUCKETS`, then the count and the sum."""
+        with self._lock:
+            return {key: list(data) for key, data in self._data.items()}
+
     def render(self) -> Iterable[str]:
         yield f"# HELP {self.name} {self.help}"
         yield f"# TYPE {self.name} histogram"

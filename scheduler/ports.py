@@ -25,6 +25,7 @@ from jobq.models import (
     RunState,
     Transition,
 )
+from jobq.registry import Census, DaemonRecord
 
 T = TypeVar("T")
 
@@ -220,6 +221,42 @@ class TenantStore(Protocol):
 
     def tenant_secret(self, tenant_id: str, candidate: str) -> str:
         """The tenant's webhook signing secret, atomically created as `candidate` if it has none."""
+        ...
+
+
+@runtime_checkable
+class DaemonRegistry(Protocol):
+    """Which daemons are alive and what they are doing; implemented by every store backend.
+
+    An entry is a `DaemonRecord` keyed by `daemon_id`, live until its `expires_ms`. Nothing here is
+    a source of truth for runs: the registry is what `jobq status`, `jobq workers` and the gauges
+    show, and a lost or stale entry costs a view, never a run."""
+
+    def heartbeat(self, records: Sequence[DaemonRecord], ttl_ms: int) -> None:
+        """Write each record (insert or replace, by `daemon_id`) live until its `seen_ms + ttl_ms`.
+        Idempotent: the last write wins. Entries expired long ago may be removed on the way (SQL);
+        DynamoDB's TTL removes them there. Raises `StoreUnavailable`."""
+        ...
+
+    def live_daemons(self, now_ms: int) -> list[DaemonRecord]:
+        """The entries with `expires_ms > now_ms`, by role then daemon id. An entry that does not
+        decode is skipped (it expires on its own). Raises `StoreUnavailable`."""
+        ...
+
+    def deregister(self, daemon_ids: Sequence[str]) -> None:
+        """Remove the entries (a clean shutdown); absent ids are ignored. Raises `StoreUnavailable`."""
+        ...
+
+
+@runtime_checkable
+class RunCensus(Protocol):
+    """Counts of runs for the operator views and gauges; implemented by every store backend."""
+
+    def census(self, now_ms: int) -> Census:
+        """Runs per state, dead letters, and per tier the runs due but not dispatched and the runs
+        dispatched but not started, each with its oldest time, as of `now_ms`. One read (SQL: one
+        aggregate statement); DynamoDB samples shards (`Census.exact` False). Read-only.
+        Raises `StoreUnavailable`."""
         ...
 
 

@@ -39,6 +39,9 @@ class Settings(BaseModel):
     schedule_to_start_s: float = Field(default=300.0, gt=0)
     lease_s: float = Field(default=30.0, gt=0)
     heartbeat_s: float = Field(default=10.0, gt=0)
+    registry_heartbeat_s: float = Field(
+        default=5.0, ge=0, description="daemon registry heartbeat (entries live 3 of them); 0 turns it off"
+    )
     reaper_interval_s: float = Field(default=1.0, gt=0)
     visibility_timeout_s: float = Field(default=60.0, gt=0)
     misfire_threshold_s: float = Field(default=60.0, ge=0)

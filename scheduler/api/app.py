@@ -15,9 +15,12 @@ from jobq.api.routes import dead_letters, operations, router
 from jobq.api.schedules import router as schedules
 from jobq.api.state import ApiState
 from jobq.api.tokens import tenant_store
+from jobq.daemons.registrar import Presence, Registrar, enabled, start_thread
 from jobq.deployment import Deployment
+from jobq.gauges import register_gauges
 from jobq.netpolicy import NetPolicy
 from jobq.ports import TenantStore
+from jobq.registry import Role
 
 DESCRIPTION = """\
 Submit, inspect and control jobs; read and redrive dead letters.
@@ -35,10 +38,13 @@ def create_app(
     policy: NetPolicy | None = None,
     limiter: RateLimiter | None = None,
     close_deployment: bool = False,
+    register: bool = False,
 ) -> FastAPI:
     """A FastAPI app over `deployment`. The token store defaults to the deployment's store, the
     network policy and rate limiter to its settings. With `close_deployment`, the app closes the
-    deployment when it shuts down (the `jobq api` process owns it; `jobq dev` does not)."""
+    deployment when it shuts down (the `jobq api` process owns it; `jobq dev` does not). With
+    `register`, the process enters the daemon registry as an `api` daemon while it serves (`jobq
+    api`; in `jobq dev` the process's registrar does it). `/metrics` carries the gauges either way."""
     settings = deployment.settings
     state = ApiState(
         deployment=deployment,
@@ -49,7 +55,16 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        running = (
+            start_thread(Registrar(deployment, [Presence(deployment, Role.API)]))
+            if register and enabled(deployment)
+            else None
+        )
         yield
+        if running is not None:
+            thread, stop = running
+            stop.set()
+            thread.join(timeout=5)
         if close_deployment:
             deployment.close()
 
@@ -67,6 +82,7 @@ def create_app(
         ],
     )
     app.state.jobq = state
+    register_gauges(deployment)
     _publish_required_tags(app)
     errors.install(app)
     app.include_router(router)

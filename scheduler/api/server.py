@@ -38,7 +38,7 @@ def app_from_env() -> FastAPI:
     tracing.configure(settings.tracing, "jobq-api")  # checked by `jobq api` before it started us
     from jobq.wiring import connect  # a uvicorn worker process is its own composition root
 
-    return create_app(connect(settings), close_deployment=True)
+    return create_app(connect(settings), close_deployment=True, register=True)
 
 
 def serve(settings: Settings) -> None:

@@ -7,8 +7,10 @@ import threading
 import time
 
 from jobq.deployment import Deployment
+from jobq.ids import new_worker_id
 from jobq.metrics import METRICS
 from jobq.models import Run, RunEvent
+from jobq.registry import ERROR_MAX_CHARS
 
 # After a failing pass, wait 0.5 s, 1 s, 2 s, ... up to this: short outages of a broker or a store
 # are the common case, and a daemon should be back within seconds of its dependency.
@@ -33,6 +35,10 @@ class Daemon:
         self.passes = 0
         self.last_beat = time.monotonic()  # when the loop last came round; see `healthy`
         self.failing_since: float | None = None  # when the current run of failing passes began
+        self.daemon_id = new_worker_id(self.name)  # its name in the daemon registry (and its leases)
+        self.errors = 0  # passes that raised, for the registry
+        self.last_error: str | None = None
+        self.last_error_ms: int | None = None
 
     def run_once(self, now_ms: int) -> int:
         """Do one pass of work as of `now_ms`; return how many items it handled."""
@@ -48,6 +54,22 @@ class Daemon:
 
     def on_stop(self) -> None:
         pass
+
+    def report(self) -> dict[str, object]:
+        """What the daemon registry shows of this daemon besides who it is (`DaemonRecord` fields):
+        items handled, failed passes and the last error. The worker adds its slots and runs."""
+        return {
+            "done": self.total,
+            "failures": self.errors,
+            "last_error": self.last_error,
+            "last_error_ms": self.last_error_ms,
+        }
+
+    def note_error(self, exc: BaseException) -> None:
+        """Remember `exc` as the last error the registry shows."""
+        self.errors += 1
+        self.last_error = f"{type(exc).__name__}: {exc}"[:ERROR_MAX_CHARS]
+        self.last_error_ms = self.clock.now_ms()
 
     def healthy(self, max_silence_s: float = 60.0) -> bool:
         """Whether the loop is still coming round (a pass, or a wait between passes, ended within
@@ -80,10 +102,11 @@ class Daemon:
                     next_tick = min(next_tick, now + sleep_s)  # an early wake-up starts the next cadence
                 else:
                     next_tick = time.monotonic()
-            except Exception:
+            except Exception as exc:
                 failures += 1
                 if self.failing_since is None:
                     self.failing_since = time.monotonic()
+                self.note_error(exc)
                 METRICS.loop_errors.inc(daemon=self.name)
                 self.log.exception("%s pass failed (%d in a row)", self.name, failures)
                 stop.wait(min(MAX_BACKOFF_S, 0.25 * 2**failures))

@@ -96,6 +96,7 @@ class Scanner(Daemon):
         super().__init__(deployment)
         self.interval_s = self.settings.scan_interval_s
         self.scanner_id = scanner_id or new_worker_id("scanner")
+        self.daemon_id = self.scanner_id
         index = deployment.index
         self.index = index.for_scanner(self.scanner_id) if isinstance(index, PartitionedIndex) else index
         self.base_batch = self.settings.scan_batch

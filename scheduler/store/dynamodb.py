@@ -45,6 +45,8 @@ from jobq.models import (
     Transition,
 )
 from jobq.ports import CreateResult, JobQuery, Page, RunQuery
+from jobq.registry import Census, DaemonRecord
+from jobq.store import dynamodb_census
 from jobq.store.dynamodb_items import (
     TOKENS_PK,
     WORKERS_PK,
@@ -81,6 +83,9 @@ def _in_order(runs: Iterable[Run]) -> list[Run]:
 
 class DynamoStore:
     """`JobStore` and `TenantStore` on one DynamoDB table (module docstring, docs/dynamodb.md)."""
+
+    #: How many of the 16 shards the census reads (`jobq.store.dynamodb_census`): 4 reads a quarter.
+    census_shards = 4
 
     def __init__(self, table: DynamoTable) -> None:
         self.table = table
@@ -576,6 +581,21 @@ class DynamoStore:
             ConsistentRead=True,
         )
         return {t["S"] for item in self.table.query_all(None, **request) for t in item["tasks"]["L"]}
+
+    # -- the daemon registry and the census (jobq.store.dynamodb_census) ----------------------
+
+    def heartbeat(self, records: Sequence[DaemonRecord], ttl_ms: int) -> None:
+        dynamodb_census.heartbeat(self.table, records, ttl_ms)
+
+    def live_daemons(self, now_ms: int) -> list[DaemonRecord]:
+        return dynamodb_census.live_daemons(self.table, now_ms)
+
+    def deregister(self, daemon_ids: Sequence[str]) -> None:
+        dynamodb_census.deregister(self.table, daemon_ids)
+
+    def census(self, now_ms: int) -> Census:
+        """Sampled: `census_shards` of the 16 shards, scaled (`Census.exact` is False)."""
+        return dynamodb_census.census(self.table, now_ms, self.census_shards)
 
     # -- tokens and tenants --------------------------------------------------------------------
 

@@ -27,6 +27,7 @@ from jobq.models import (
 )
 from jobq.ports import CreateResult, JobQuery, Page, RunQuery
 from jobq.records import decode_job, decode_run
+from jobq.registry import Census, DaemonRecord, census_from_rows, expiring
 
 _FINISHABLE = frozenset({JobStatus.ACTIVE, JobStatus.COMPLETED})
 
@@ -117,6 +118,7 @@ class MemoryStore:
         self._workers: dict[str, set[str]] = {}
         self._tokens: dict[str, ApiToken] = {}
         self._secrets: dict[str, str] = {}
+        self._daemons: dict[str, DaemonRecord] = {}
 
     def create_job(self, job: Job, runs: Sequence[Run], idempotency: IdempotencyRecord | None = None) -> CreateResult:
         with self._lock:
@@ -313,6 +315,53 @@ class MemoryStore:
     def known_tasks(self) -> set[str]:
         with self._lock:
             return set().union(*self._workers.values()) if self._workers else set()
+
+    def heartbeat(self, records: Sequence[DaemonRecord], ttl_ms: int) -> None:
+        with self._lock:
+            for record in records:
+                self._daemons[record.daemon_id] = expiring(record, ttl_ms)
+
+    def live_daemons(self, now_ms: int) -> list[DaemonRecord]:
+        with self._lock:
+            live = [r for r in self._daemons.values() if r.expires_ms > now_ms]
+        return sorted(live, key=lambda r: (r.role.value, r.daemon_id))
+
+    def deregister(self, daemon_ids: Sequence[str]) -> None:
+        with self._lock:
+            for daemon_id in daemon_ids:
+                self._daemons.pop(daemon_id, None)
+
+    def census(self, now_ms: int) -> Census:
+        rows: dict[tuple[str, int], dict[str, Any]] = {}
+        finished: dict[str, int] = {}
+        dead = 0
+        with self._lock:
+            runs = list(self._runs.values())
+        for run in runs:
+            dead += run.dead_letter
+            if run.state.terminal:
+                finished[run.state.value] = finished.get(run.state.value, 0) + 1
+                continue
+            key = (run.state.value, run.priority.rank)
+            row = rows.setdefault(
+                key,
+                {
+                    "state": key[0],
+                    "priority": key[1],
+                    "n": 0,
+                    "due": 0,
+                    "oldest_due_ms": None,
+                    "oldest_dispatched_ms": None,
+                },
+            )
+            row["n"] += 1
+            if run.state in (RunState.SCHEDULED, RunState.CLAIMED) and run.due_ms <= now_ms:
+                row["due"] += 1
+                row["oldest_due_ms"] = min(row["oldest_due_ms"] or run.due_ms, run.due_ms)
+            if run.state is RunState.DISPATCHED:
+                at = run.dispatched_ms or run.updated_ms
+                row["oldest_dispatched_ms"] = min(row["oldest_dispatched_ms"] or at, at)
+        return census_from_rows(now_ms, list(rows.values()), dead, finished)
 
     def put_token(self, token: ApiToken) -> None:
         with self._lock:

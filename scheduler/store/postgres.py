@@ -24,6 +24,7 @@ from jobq.models import ApiToken, IdempotencyRecord, Job, JobKey, JobStatus, Run
 from jobq.ports import CreateResult, JobQuery, Page, RunQuery
 from jobq.postgresdb import RUN_COLUMNS, PostgresDatabase
 from jobq.records import DECODE_ERRORS, corrupt_job, corrupt_run, priority_of
+from jobq.registry import Census, DaemonRecord, census_from_rows, decode_daemons, expiring
 from jobq.store.memory import job_cursor, parse_job_cursor, parse_run_cursor, refuse_corrupt, run_cursor
 
 if TYPE_CHECKING:
@@ -39,6 +40,33 @@ T = TypeVar("T")
 # -- SQL ----------------------------------------------------------------------------------------
 # Templates: {jobs}, {runs}, {idem}, {workers}, {events} are the schema-qualified tables, {cols}
 # the run columns (named, never `*`, so a column added by a later migration cannot break `Run`).
+
+DAEMON_KEEP_MS = 3_600_000  # expired registry entries are pruned this long after expiry
+# The census. Waiting and leased runs are counted exactly through the scanner's and the reaper's
+# partial indexes (the WHERE clauses repeat theirs), dead letters through theirs. Finished runs,
+# the bulk of the table, are estimated from the planner's statistics (ANALYZE's sample: the share
+# of each state times the row estimate), and counted only while the table has never been analysed.
+_CENSUS_ACTIVE = (
+    "SELECT state, priority, COUNT(*) AS n, COUNT(*) FILTER (WHERE due_ms <= %(now)s) AS due, "
+    "MIN(due_ms) FILTER (WHERE due_ms <= %(now)s) AS oldest_due_ms, NULL::bigint AS oldest_dispatched_ms "
+    "FROM {runs} WHERE state = 'SCHEDULED' GROUP BY state, priority "
+    "UNION ALL "
+    "SELECT state, priority, COUNT(*) AS n, "
+    "COUNT(*) FILTER (WHERE state = 'CLAIMED' AND due_ms <= %(now)s) AS due, "
+    "MIN(due_ms) FILTER (WHERE state = 'CLAIMED' AND due_ms <= %(now)s) AS oldest_due_ms, "
+    "MIN(coalesce(dispatched_ms, updated_ms)) FILTER (WHERE state = 'DISPATCHED') AS oldest_dispatched_ms "
+    "FROM {runs} WHERE state IN ('CLAIMED', 'DISPATCHED', 'RUNNING') GROUP BY state, priority"
+)
+_CENSUS_DEAD = "SELECT COUNT(*) AS n FROM {runs} WHERE dead_letter"
+_CENSUS_STATISTICS = (
+    "SELECT c.reltuples AS rows, s.most_common_vals::text AS vals, s.most_common_freqs AS freqs "
+    "FROM pg_class c LEFT JOIN pg_stats s ON s.schemaname = %(schema)s AND s.tablename = 'jobq_runs' "
+    "AND s.attname = 'state' WHERE c.oid = to_regclass(%(runs)s)"
+)
+_CENSUS_FINISHED = (
+    "SELECT state, COUNT(*) AS n FROM {runs} WHERE state IN ('SUCCEEDED', 'FAILED', 'CANCELLED') GROUP BY state"
+)
+_FINISHED = ("SUCCEEDED", "FAILED", "CANCELLED")
 
 _TIERS = "(VALUES (0::smallint), (1::smallint), (2::smallint), (3::smallint)) AS tier(rank)"
 
@@ -644,6 +672,59 @@ class PostgresStore:
 
     def known_tasks(self) -> set[str]:
         return {r["task"] for r in self.db.read("SELECT DISTINCT unnest(tasks) AS task FROM {workers}")}
+
+    # -- the daemon registry and the census ------------------------------------------------------
+
+    def heartbeat(self, records: Sequence[DaemonRecord], ttl_ms: int) -> None:
+        if not records:
+            return
+        upsert = self.db.sql(
+            "INSERT INTO {daemons} (daemon_id, role, expires_ms, doc) VALUES (%s, %s, %s, %s) "
+            "ON CONFLICT (daemon_id) DO UPDATE SET role = EXCLUDED.role, expires_ms = EXCLUDED.expires_ms, "
+            "doc = EXCLUDED.doc"
+        )
+        prune = self.db.sql("DELETE FROM {daemons} WHERE expires_ms < %s")
+        rows = [(r.daemon_id, r.role.value, r.seen_ms + ttl_ms, expiring(r, ttl_ms).to_json()) for r in records]
+        oldest = min(r.seen_ms for r in records) - DAEMON_KEEP_MS
+
+        def write(conn: Connection) -> None:
+            with conn.cursor() as cur:
+                cur.executemany(upsert, rows)
+            conn.execute(prune, [oldest])
+
+        self.db.run(write)
+
+    def live_daemons(self, now_ms: int) -> list[DaemonRecord]:
+        rows = self.db.read("SELECT doc FROM {daemons} WHERE expires_ms > %s ORDER BY role, daemon_id", [now_ms])
+        return decode_daemons(r["doc"] for r in rows)
+
+    def deregister(self, daemon_ids: Sequence[str]) -> None:
+        if not daemon_ids:
+            return
+        sql = self.db.sql("DELETE FROM {daemons} WHERE daemon_id = ANY(%s)")
+        self.db.run(lambda conn: conn.execute(sql, [list(daemon_ids)]))
+
+    def census(self, now_ms: int) -> Census:
+        """Waiting and leased runs and dead letters exactly (indexed); finished runs estimated from
+        the planner's statistics once the table has been analysed (`Census.exact` is then False)."""
+        active = [dict(r) for r in self.db.read(_CENSUS_ACTIVE, {"now": now_ms})]
+        dead = int(self.db.read(_CENSUS_DEAD)[0]["n"])
+        finished = self._finished_estimate()
+        exact = finished is None
+        if finished is None:
+            finished = {r["state"]: int(r["n"]) for r in self.db.read(_CENSUS_FINISHED)}
+        return census_from_rows(now_ms, active, dead, finished, exact=exact)
+
+    def _finished_estimate(self) -> dict[str, int] | None:
+        """Finished runs per state from `pg_stats` and `pg_class`; None before the first ANALYZE."""
+        params = {"schema": self.db.schema, "runs": self.db.sql("{runs}")}
+        rows = self.db.read(_CENSUS_STATISTICS, params)
+        if not rows or rows[0]["rows"] is None or rows[0]["rows"] < 0 or rows[0]["vals"] is None:
+            return None
+        total = float(rows[0]["rows"])
+        values = rows[0]["vals"].strip("{}").split(",")
+        shares = dict(zip(values, rows[0]["freqs"], strict=False))
+        return {state: round(float(shares.get(state, 0.0)) * total) for state in _FINISHED}
 
     # -- tokens and tenants ----------------------------------------------------------------------
 

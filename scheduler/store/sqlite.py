@@ -34,6 +34,7 @@ from jobq.models import (
 )
 from jobq.ports import CreateResult, JobQuery, Page, RunQuery
 from jobq.records import DECODE_ERRORS, corrupt_job, corrupt_run, priority_of
+from jobq.registry import Census, DaemonRecord, census_from_rows, decode_daemons, expiring
 from jobq.sqlitedb import SqliteDatabase, placeholders
 from jobq.store.memory import job_cursor, parse_job_cursor, parse_run_cursor, refuse_corrupt, run_cursor
 
@@ -138,6 +139,14 @@ CREATE TABLE IF NOT EXISTS jobq_workers (
     queues    TEXT NOT NULL,
     seen_ms   INTEGER NOT NULL
 );
+
+-- The daemon registry: one row per live daemon process; expired rows are removed by heartbeats.
+CREATE TABLE IF NOT EXISTS jobq_daemons (
+    daemon_id  TEXT PRIMARY KEY,
+    role       TEXT NOT NULL,
+    expires_ms INTEGER NOT NULL,
+    doc        TEXT NOT NULL
+);
 """
 )
 _JOB_COLUMNS = "job_id, tenant_id, name, status, priority, next_fire_ms, version, doc"
@@ -161,6 +170,30 @@ WHERE tenant_id = ?3 AND job_id = ?4 AND status IN ({expect})
 """
 _FINISH_JOB = _SET_STATUS.format(reason="", expect="'ACTIVE', 'COMPLETED'")
 _CHUNK = 500  # ids per IN (...) list
+# Entries are kept this long past their expiry (a `jobq workers` a moment late still sees who left).
+DAEMON_KEEP_MS = 3_600_000
+# The census. Runs waiting or leased are counted exactly through the partial indexes that serve the
+# scanner and the reaper (the WHERE clauses repeat theirs, so SQLite can use them); dead letters
+# through theirs. Finished runs have no index on their state (it would cost every transition a
+# write): they are counted by a scan at most every FINISHED_EVERY_MS.
+_CENSUS_ACTIVE = """
+SELECT state, priority, COUNT(*) AS n,
+       SUM(CASE WHEN due_ms <= ?1 THEN 1 ELSE 0 END) AS due,
+       MIN(CASE WHEN due_ms <= ?1 THEN due_ms END) AS oldest_due_ms,
+       NULL AS oldest_dispatched_ms
+FROM jobq_runs WHERE state = 'SCHEDULED' GROUP BY state, priority
+UNION ALL
+SELECT state, priority, COUNT(*) AS n,
+       SUM(CASE WHEN state = 'CLAIMED' AND due_ms <= ?1 THEN 1 ELSE 0 END) AS due,
+       MIN(CASE WHEN state = 'CLAIMED' AND due_ms <= ?1 THEN due_ms END) AS oldest_due_ms,
+       MIN(CASE WHEN state = 'DISPATCHED' THEN coalesce(dispatched_ms, updated_ms) END) AS oldest_dispatched_ms
+FROM jobq_runs WHERE state IN ('CLAIMED', 'DISPATCHED', 'RUNNING') GROUP BY state, priority
+"""
+_CENSUS_DEAD = "SELECT COUNT(*) AS n FROM jobq_runs WHERE dead_letter = 1"
+_CENSUS_FINISHED = (
+    "SELECT state, COUNT(*) AS n FROM jobq_runs WHERE state IN ('SUCCEEDED', 'FAILED', 'CANCELLED') GROUP BY state"
+)
+FINISHED_EVERY_MS = 60_000
 
 
 def _run_values(run: Run) -> tuple[Any, ...]:
@@ -224,6 +257,7 @@ def _keyed_by_tenant(conn: sqlite3.Connection) -> bool:
 class SqliteStore:
     def __init__(self, db: SqliteDatabase) -> None:
         self.db = db
+        self._finished: tuple[int, dict[str, int]] | None = None  # (when, count per terminal state)
         db.executescript(SCHEMA)
         if not _keyed_by_tenant(db.connection()):
             self._upgrade()
@@ -570,6 +604,37 @@ class SqliteStore:
         for row in self.db.read("SELECT tasks FROM jobq_workers"):
             names.update(json.loads(row["tasks"]))
         return names
+
+    # -- the daemon registry and the census ----------------------------------------------------
+
+    def heartbeat(self, records: Sequence[DaemonRecord], ttl_ms: int) -> None:
+        if not records:
+            return
+        rows = [(r.daemon_id, r.role.value, r.seen_ms + ttl_ms, expiring(r, ttl_ms).to_json()) for r in records]
+        oldest = min(r.seen_ms for r in records) - DAEMON_KEEP_MS
+        with self.db.write() as conn:
+            conn.executemany("INSERT OR REPLACE INTO jobq_daemons VALUES (?, ?, ?, ?)", rows)
+            conn.execute("DELETE FROM jobq_daemons WHERE expires_ms < ?", (oldest,))
+
+    def live_daemons(self, now_ms: int) -> list[DaemonRecord]:
+        rows = self.db.read("SELECT doc FROM jobq_daemons WHERE expires_ms > ? ORDER BY role, daemon_id", (now_ms,))
+        return decode_daemons(row["doc"] for row in rows)
+
+    def deregister(self, daemon_ids: Sequence[str]) -> None:
+        if not daemon_ids:
+            return
+        with self.db.write() as conn:
+            conn.execute(f"DELETE FROM jobq_daemons WHERE daemon_id IN ({placeholders(len(daemon_ids))})", daemon_ids)
+
+    def census(self, now_ms: int) -> Census:
+        """Waiting and leased runs and dead letters exactly (indexed); finished runs as counted by a
+        scan at most `FINISHED_EVERY_MS` ago."""
+        active = [dict(row) for row in self.db.read(_CENSUS_ACTIVE, (now_ms,))]
+        dead = int(self.db.read(_CENSUS_DEAD)[0]["n"])
+        if self._finished is None or abs(now_ms - self._finished[0]) >= FINISHED_EVERY_MS:
+            counts = {row["state"]: int(row["n"]) for row in self.db.read(_CENSUS_FINISHED)}
+            self._finished = (now_ms, counts)
+        return census_from_rows(now_ms, active, dead, self._finished[1])
 
     # -- tokens and tenants -------------------------------------------------------------------
 

@@ -26,6 +26,7 @@ from jobq.deployment import Deployment
 from jobq.ids import new_worker_id
 from jobq.metrics import METRICS, Gauge
 from jobq.ports import HealthCheck
+from jobq.registry import ERROR_MAX_CHARS, RUNNING_MAX, Running
 from jobq.tasks import TaskRegistry, WebhookCaller
 
 MONITOR_TICK_S = 0.5
@@ -65,6 +66,8 @@ class Worker(Daemon):
         start = concurrency or self.settings.concurrency
         self.concurrency = min(max(start, bounds[1]), bounds[0]) if bounds else start
         self.worker_id = worker_id or new_worker_id("worker")
+        self.daemon_id = self.worker_id
+        self.failed = 0  # attempts that ended in an error (retried or not), for the registry
         self.poll_s = 0.1
         self.background = background
         lease_ms = round(self.settings.lease_s * 1000)
@@ -169,8 +172,31 @@ class Worker(Daemon):
             else:
                 move, kind = failure(attempt.run, attempt.job, outcome, self.worker_id, now)
                 attempt.decide(move, kind, outcome.error, now)
+                self.failed += 1
+                self.last_error, self.last_error_ms = (outcome.error or "")[:ERROR_MAX_CHARS], now
 
         self.state.finish(key, decide)
+
+    def report(self) -> dict[str, object]:
+        """The registry's view: slots, what runs now (attempts still executing), outcomes so far."""
+        attempts = sorted(self.state.snapshot(), key=lambda a: a.started_ms)
+        running = tuple(
+            Running(a.run.run_id, a.task.name, a.run.attempt, a.started_ms)
+            for a in attempts
+            if a.phase is Phase.EXECUTING
+        )
+        return {
+            **super().report(),
+            "done": self.completed,
+            "failures": self.failed,
+            "queues": tuple(self.queues),
+            "pool": getattr(self.pool, "name", None),
+            "concurrency": self.concurrency,
+            "busy": self.state.busy(),
+            "free": max(0, self.state.free()),
+            "lost": self.state.lost_slots(),
+            "running": running[:RUNNING_MAX],
+        }
 
     @property
     def completed(self) -> int:
@@ -219,10 +245,11 @@ class Worker(Daemon):
                 self.consumer.take(wait_s=self.poll_s)
                 failures = 0
                 self.failing_since = None
-            except Exception:
+            except Exception as exc:
                 failures += 1
                 if self.failing_since is None:
                     self.failing_since = time.monotonic()
+                self.note_error(exc)
                 METRICS.loop_errors.inc(daemon=self.name)
                 self.log.exception("consume failed (%d in a row)", failures)
                 stop.wait(min(MAX_BACKOFF_S, 0.25 * 2**failures))
