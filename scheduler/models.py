@@ -436,6 +436,25 @@ class RunEvent(_Record):
         return JobKey(self.tenant_id, self.job_id)
 
 
+class TaskInfo(_Record):
+    """A task as a worker declared it: its entry in the task catalogue (`JobStore.publish_tasks`).
+
+    A submission by name takes `priority`, `retry` and `timeout_s` from here unless it sets them;
+    `queue` is the tier's queue the task's runs go to; `parameters` are the function's, as text
+    (`"customer_id: int"`), for listings. The newest publication of a name wins."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)  # a newer worker may add fields
+
+    name: str = Field(min_length=1, max_length=200)
+    priority: Priority = Priority.DEFAULT
+    retry: RetryPolicy | None = None  # None: the submission's (default) policy
+    timeout_s: float | None = None
+    queue: str = "default"
+    parameters: tuple[str, ...] = ()
+    worker_id: str = ""  # the worker that published this declaration last
+    published_ms: int = 0
+
+
 class IdempotencyRecord(_Record):
     """An Idempotency-Key, written in the same transaction as the job it created."""
 

@@ -236,6 +236,7 @@ class PostgresDatabase:
             "runs": f"{schema}.jobq_runs",
             "idem": f"{schema}.jobq_idempotency",
             "workers": f"{schema}.jobq_workers",
+            "tasks": f"{schema}.jobq_tasks",
             "tokens": f"{schema}.jobq_tokens",
             "tenants": f"{schema}.jobq_tenants",
             "events": f"{schema}.jobq_run_events",

@@ -248,6 +248,7 @@ def token_hash_key(token_hash: str) -> Item:
 
 TOKENS_PK = "TOKENS"  # one partition: tokens are few and rarely written, and listing is one Query
 WORKERS_PK = "WORKERS"  # likewise: known_tasks is one Query, never a Scan
+TASKS_PK = "TASKS"  # the task catalogue (SK = task name): tasks are few, the catalogue is one Query
 
 
 def plan_gsi1(e: Expr, t: Transition) -> None:

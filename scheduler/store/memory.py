@@ -23,10 +23,11 @@ from jobq.models import (
     JobStatus,
     Run,
     RunState,
+    TaskInfo,
     Transition,
 )
 from jobq.ports import CreateResult, JobQuery, Page, RunQuery
-from jobq.records import decode_job, decode_run
+from jobq.records import decode_job, decode_run, decode_tasks
 
 _FINISHABLE = frozenset({JobStatus.ACTIVE, JobStatus.COMPLETED})
 
@@ -115,6 +116,7 @@ class MemoryStore:
         self._runs: dict[str, Run] = {}
         self._idempotency: dict[tuple[str, str], IdempotencyRecord] = {}
         self._workers: dict[str, set[str]] = {}
+        self._tasks: dict[str, str] = {}  # JSON, as the other stores keep it
         self._tokens: dict[str, ApiToken] = {}
         self._secrets: dict[str, str] = {}
 
@@ -313,6 +315,15 @@ class MemoryStore:
     def known_tasks(self) -> set[str]:
         with self._lock:
             return set().union(*self._workers.values()) if self._workers else set()
+
+    def publish_tasks(self, tasks: Sequence[TaskInfo]) -> None:
+        with self._lock:
+            self._tasks.update({t.name: t.model_dump_json() for t in tasks})
+
+    def task_catalogue(self, names: Sequence[str] | None = None) -> dict[str, TaskInfo]:
+        with self._lock:
+            docs = [d for n, d in self._tasks.items() if names is None or n in names]
+        return decode_tasks(docs)
 
     def put_token(self, token: ApiToken) -> None:
         with self._lock:

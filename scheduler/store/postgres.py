@@ -20,10 +20,10 @@ from jobq.errors import (
     IdempotencyConflict,
     JobNotFound,
 )
-from jobq.models import ApiToken, IdempotencyRecord, Job, JobKey, JobStatus, Run, RunState, Transition
+from jobq.models import ApiToken, IdempotencyRecord, Job, JobKey, JobStatus, Run, RunState, TaskInfo, Transition
 from jobq.ports import CreateResult, JobQuery, Page, RunQuery
 from jobq.postgresdb import RUN_COLUMNS, PostgresDatabase
-from jobq.records import DECODE_ERRORS, corrupt_job, corrupt_run, priority_of
+from jobq.records import DECODE_ERRORS, corrupt_job, corrupt_run, decode_tasks, priority_of
 from jobq.store.memory import job_cursor, parse_job_cursor, parse_run_cursor, refuse_corrupt, run_cursor
 
 if TYPE_CHECKING:
@@ -37,7 +37,7 @@ else:
 T = TypeVar("T")
 
 # -- SQL ----------------------------------------------------------------------------------------
-# Templates: {jobs}, {runs}, {idem}, {workers}, {events} are the schema-qualified tables, {cols}
+# Templates: {jobs}, {runs}, {idem}, {workers}, {tasks}, {events} are the schema-qualified tables, {cols}
 # the run columns (named, never `*`, so a column added by a later migration cannot break `Run`).
 
 _TIERS = "(VALUES (0::smallint), (1::smallint), (2::smallint), (3::smallint)) AS tier(rank)"
@@ -644,6 +644,28 @@ class PostgresStore:
 
     def known_tasks(self) -> set[str]:
         return {r["task"] for r in self.db.read("SELECT DISTINCT unnest(tasks) AS task FROM {workers}")}
+
+    def publish_tasks(self, tasks: Sequence[TaskInfo]) -> None:
+        if not tasks:
+            return
+        sql = self.db.sql(
+            "INSERT INTO {tasks} (name, doc, published_ms) VALUES (%s, %s, %s) "
+            "ON CONFLICT (name) DO UPDATE SET doc = EXCLUDED.doc, published_ms = EXCLUDED.published_ms"
+        )
+        rows = [(t.name, t.model_dump_json(), t.published_ms) for t in sorted(tasks, key=lambda t: t.name)]
+
+        def body(conn: Connection) -> None:
+            with conn.cursor() as cur:
+                cur.executemany(sql, rows)
+
+        self.db.run(body)
+
+    def task_catalogue(self, names: Sequence[str] | None = None) -> dict[str, TaskInfo]:
+        if names is None:
+            rows = self.db.read("SELECT doc FROM {tasks} ORDER BY name")
+        else:
+            rows = self.db.read("SELECT doc FROM {tasks} WHERE name = ANY(%s)", [sorted(set(names))])
+        return decode_tasks(r["doc"] for r in rows)
 
     # -- tokens and tenants ----------------------------------------------------------------------
 

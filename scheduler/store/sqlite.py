@@ -30,10 +30,11 @@ from jobq.models import (
     JobStatus,
     Run,
     RunState,
+    TaskInfo,
     Transition,
 )
 from jobq.ports import CreateResult, JobQuery, Page, RunQuery
-from jobq.records import DECODE_ERRORS, corrupt_job, corrupt_run, priority_of
+from jobq.records import DECODE_ERRORS, corrupt_job, corrupt_run, decode_tasks, priority_of
 from jobq.sqlitedb import SqliteDatabase, placeholders
 from jobq.store.memory import job_cursor, parse_job_cursor, parse_run_cursor, refuse_corrupt, run_cursor
 
@@ -137,6 +138,14 @@ CREATE TABLE IF NOT EXISTS jobq_workers (
     tasks     TEXT NOT NULL,
     queues    TEXT NOT NULL,
     seen_ms   INTEGER NOT NULL
+);
+
+-- The task catalogue: each task's latest declaration (a TaskInfo document). Created in place in
+-- a file of an earlier version when the store opens it.
+CREATE TABLE IF NOT EXISTS jobq_tasks (
+    name         TEXT PRIMARY KEY,
+    doc          TEXT NOT NULL,
+    published_ms INTEGER NOT NULL
 );
 """
 )
@@ -570,6 +579,24 @@ class SqliteStore:
         for row in self.db.read("SELECT tasks FROM jobq_workers"):
             names.update(json.loads(row["tasks"]))
         return names
+
+    def publish_tasks(self, tasks: Sequence[TaskInfo]) -> None:
+        with self.db.write() as conn:
+            conn.executemany(
+                "INSERT OR REPLACE INTO jobq_tasks VALUES (?, ?, ?)",
+                [(t.name, t.model_dump_json(), t.published_ms) for t in tasks],
+            )
+
+    def task_catalogue(self, names: Sequence[str] | None = None) -> dict[str, TaskInfo]:
+        if names is None:
+            return decode_tasks(r["doc"] for r in self.db.read("SELECT doc FROM jobq_tasks ORDER BY name"))
+        docs = []
+        for chunk in _chunks(sorted(set(names))):
+            docs += [
+                r["doc"]
+                for r in self.db.read(f"SELECT doc FROM jobq_tasks WHERE name IN ({placeholders(len(chunk))})", chunk)
+            ]
+        return decode_tasks(docs)
 
     # -- tokens and tenants -------------------------------------------------------------------
 
