@@ -13,6 +13,7 @@ from jobq.cli.common import (
     backend_options,
     console,
     deployment,
+    err_console,
     fail,
     job_key,
     json_option,
@@ -29,7 +30,7 @@ from jobq.errors import InvalidQuery
 from jobq.models import JobStatus, Priority, ScheduleType
 from jobq.ports import JobQuery
 from jobq.submission import JobSpec
-from jobq.views import event_resource, iso, job_resource, job_summary, run_resource
+from jobq.views import event_resource, iso, job_resource, job_summary, run_resource, task_resource
 from jobq.wiring import init_store, render_store_definition
 
 # The option that sets each JobSpec field, for error messages.
@@ -156,12 +157,19 @@ def schedule(
     _app, registry = load_apps(apps) if apps else (None, None)
     local = registry.get(task) if registry is not None else None
     # Raw values only: JobSpec.parse validates every one of them, the task's own retry policy
-    # included (a copy of it made with updates would skip that check).
-    retry: dict[str, Any] = local.retry.model_dump() if local is not None and local.retry is not None else {}
+    # included (a copy of it made with updates would skip that check). What neither a flag nor a
+    # task loaded with -A sets is left out, so the task's published declaration applies.
+    retry: dict[str, Any] | None = local.retry.model_dump() if local is not None and local.retry is not None else None
     if max_retries is not None:
-        retry["max_retries"] = max_retries
+        retry = {**(retry or {}), "max_retries": max_retries}
+    declared = {
+        "priority": priority or (local.priority if local else None),
+        "retry_policy": retry,
+        "timeout_seconds": timeout_s if timeout_s is not None else (local.timeout_s if local else None),
+    }
     spec = JobSpec.parse(
         {
+            **{name: value for name, value in declared.items() if value is not None},
             "tenant_id": tenant_id,
             "job_id": job_id,
             "job_name": name,
@@ -170,20 +178,17 @@ def schedule(
             "timezone": timezone,
             "run_at": at,
             "delay_seconds": parse_duration(in_) if in_ else None,
-            "priority": priority or (local.priority if local else Priority.DEFAULT),
             "target": {"type": "TASK", "task": task},
             "payload": {
                 "args": _json_arg("--args", args_json, list),
                 "kwargs": _json_arg("--kwargs", kwargs_json, dict),
             },
-            "retry_policy": retry,
             "misfire_policy": misfire,
             "catchup_window_seconds": catchup_s,
             "overlap_policy": overlap,
             "jitter_seconds": jitter_s,
             "dst_gap": dst_gap,
             "dst_overlap": dst_overlap,
-            "timeout_seconds": timeout_s if timeout_s is not None else (local.timeout_s if local else None),
         },
         names=_FLAGS,
     )
@@ -192,9 +197,13 @@ def schedule(
         return
     with deployment(load_settings(options)) as d:
         client = Client(d)
-        known = d.store.known_tasks() | (registry.names() if registry is not None else set())
+        known = None
+        if registry is not None and task in registry.names():
+            known = registry.names()  # loaded with -A: known here, whether or not a worker ran it yet
         submitted = client.submit(spec, idempotency_key=idempotency_key, known_tasks=known)
         view = client.get(submitted.job.key)
+    for warning in submitted.warnings:
+        err_console.print(f"warning: {warning}")
     if as_json:
         print_json(job_resource(view))
         return
@@ -202,6 +211,36 @@ def schedule(
     console.print(f"{verb} {view.job.key}  {task}  {kind.value}  {view.job.priority.value}")
     for ms in view.next_fire_times[:5]:
         console.print(f"  next: {_iso(ms)}")
+
+
+@click.command("tasks")
+@json_option
+@backend_options
+def tasks(as_json: bool, **options: Any) -> None:
+    """List the task catalogue: every task a worker has published, with the options a submission
+    by name gets unless it sets them (priority and queue, retries, timeout) and its parameters."""
+    with deployment(load_settings(options)) as d:
+        catalogue = Client(d).declared()
+    rows = [task_resource(info) for _, info in sorted(catalogue.items())]
+    if as_json:
+        print_json(rows)
+        return
+    if not rows:
+        console.print("no tasks published yet: a worker publishes the tasks it serves when it starts")
+        return
+    out = new_table("task", "priority", "queue", "retries", "timeout", "parameters", "published by")
+    for row in rows:
+        retry = row["retry_policy"]
+        out.add_row(
+            row["name"],
+            row["priority"],
+            row["queue"],
+            "-" if retry is None else str(retry["max_retries"]),
+            "-" if row["timeout_seconds"] is None else f"{row['timeout_seconds']:g} s",
+            ", ".join(row["parameters"]) or "-",
+            f"{row['published_by']} at {row['published_at']}",
+        )
+    console.print(out)
 
 
 @click.command()

@@ -28,6 +28,7 @@ for command in (
     jobs.schedule,
     cron.cron,
     jobs.status,
+    jobs.tasks,
     jobs.list_jobs,
     jobs.runs,
     results.result,

@@ -26,7 +26,7 @@ from jobq.bounds import text_problem
 from jobq.clock import Clock
 from jobq.codec import encode, envelope_for
 from jobq.deployment import Deployment
-from jobq.errors import Conflict, InvalidJob, JobNotFound, ResultTimeout, RunNotFound, TransportError
+from jobq.errors import Conflict, InvalidJob, JobNotFound, ResultTimeout, RunNotFound, TransportError, UnknownTask
 from jobq.models import (
     DEFAULT_TENANT,
     PAUSED,
@@ -40,6 +40,8 @@ from jobq.models import (
     RunEvent,
     RunState,
     ScheduleType,
+    TaskInfo,
+    TaskTarget,
     Transition,
 )
 from jobq.ports import IndexEntry, JobQuery, Page, RunQuery
@@ -53,6 +55,8 @@ from jobq.submission import (
     new_run,
     preview,
     resume_fire,
+    unknown_task_message,
+    with_declared,
 )
 
 _OPEN = frozenset(RunState) - TERMINAL_STATES
@@ -68,6 +72,7 @@ class Submitted:
     created: bool  # False when an Idempotency-Key replayed an earlier submission
     response: str | None = None  # the replayed response, verbatim
     next_fire_times: tuple[int, ...] = ()
+    warnings: tuple[str, ...] = ()  # e.g. a task no worker has served yet
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,12 +114,24 @@ class Client:
         (`jobq.periodic`). `trace` is the submitter's W3C traceparent when it is not the current
         span's (the API passes its request's); the job and its runs keep the trace of the
         `jobq.submit` span made here. Raises `InvalidJob` (nothing written), `IdempotencyConflict`,
-        `DuplicateJob`."""
+        `DuplicateJob`.
+
+        A TASK target takes the priority, retry policy and timeout its task declared (the task
+        catalogue) wherever the spec sets none. A task no worker has published is refused
+        (`UnknownTask`) when `known_tasks` is given and lacks it or the setting `unknown_tasks` is
+        `refuse`; otherwise the job is stored and `Submitted.warnings` says it waits for a worker."""
         spec = JobSpec.parse(spec, tenant_id=self.tenant_id)
         if self.tenant_id is not None and spec.tenant_id != self.tenant_id:
             raise InvalidJob(f"tenant_id {spec.tenant_id!r} is not this token's tenant", field="tenant_id")
         if idempotency_key is not None:
             check_idempotency_key(idempotency_key)
+        fingerprint = fingerprint or spec.fingerprint()  # of the request, not of what the catalogue added
+        warnings: tuple[str, ...] = ()
+        if isinstance(spec.target, TaskTarget):
+            task = spec.target.task
+            catalogue = self.declared([task])
+            spec = with_declared(spec, catalogue.get(task))
+            warnings = self._unserved(task, catalogue, known_tasks)
         now = self.clock.now_ms()
         attributes = {"jobq.tenant_id": spec.tenant_id}
         with tracing.span("jobq.submit", parent=trace, kind="producer", attributes=attributes) as span:
@@ -132,7 +149,7 @@ class Client:
                 record = IdempotencyRecord(
                     tenant_id=spec.tenant_id,
                     key=idempotency_key,
-                    fingerprint=fingerprint or spec.fingerprint(),
+                    fingerprint=fingerprint,
                     job_id=job.job_id,
                     response=response,
                     created_ms=now,
@@ -142,22 +159,45 @@ class Client:
             if result.created:
                 self._index(runs)
                 self._publish(job, [r for r in runs if r.state is RunState.DISPATCHED])
-                return Submitted(job, True, response, tuple(fires))
-            return Submitted(result.job, False, result.response, tuple(preview(result.job, now)))
+                return Submitted(job, True, response, tuple(fires), warnings)
+            return Submitted(result.job, False, result.response, tuple(preview(result.job, now)), warnings)
+
+    def declared(self, tasks: Sequence[str] | None = None) -> dict[str, TaskInfo]:
+        """The task catalogue: each task's declaration as the workers that serve it published it
+        (those named in `tasks` when given)."""
+        return self.store.task_catalogue(tasks)
+
+    def _unserved(self, task: str, catalogue: Mapping[str, TaskInfo], known_tasks: set[str] | None) -> tuple[str, ...]:
+        """A warning when no worker has published or registered `task` (none when one has);
+        raises `UnknownTask` under the setting `unknown_tasks = "refuse"`."""
+        if known_tasks is not None or task in catalogue:
+            return ()  # an explicit set is checked by build_job
+        registered = self.store.known_tasks()
+        if task in registered:
+            return ()
+        if self.d.settings.unknown_tasks == "refuse":
+            raise UnknownTask(unknown_task_message(task, registered | set(self.declared())), field="target.task")
+        return (f"no worker has served task {task!r} yet: the job waits until one that serves it starts",)
 
     def submit_many(
         self, specs: Sequence[JobSpec | Mapping[str, Any]], *, known_tasks: set[str] | None = None
     ) -> builtins.list[Job]:
         """Submit many jobs in one store batch (no idempotency keys): the bulk path for backfills
         and fan-outs. Every spec is parsed and validated first, so one bad spec writes nothing
-        (`InvalidJob` naming its index). Returns the jobs created."""
+        (`InvalidJob` naming its index). Tasks' declared options apply as in `submit` (one catalogue
+        read for the batch). Returns the jobs created."""
         now = self.clock.now_ms()
         items: builtins.list[tuple[Job, builtins.list[Run]]] = []
+        catalogue: dict[str, TaskInfo] | None = None
         for i, given in enumerate(specs):
             try:
                 spec = JobSpec.parse(given, tenant_id=self.tenant_id)
                 if self.tenant_id is not None and spec.tenant_id != self.tenant_id:
                     raise InvalidJob(f"tenant_id {spec.tenant_id!r} is not this token's tenant", field="tenant_id")
+                if isinstance(spec.target, TaskTarget):
+                    if catalogue is None:
+                        catalogue = self.declared()
+                    spec = with_declared(spec, catalogue.get(spec.target.task))
                 job, runs, _ = build_job(spec, now, self.limits, known_tasks, tracing.current_traceparent())
             except InvalidJob as exc:
                 raise InvalidJob(f"specs[{i}]: {exc.message}", field=exc.field) from None

@@ -49,6 +49,12 @@ class Settings(BaseModel):
     result_ttl_s: int = Field(default=86_400, gt=0, description="a finished run's result is kept this long")
     history_flush_s: float = Field(default=0.2, ge=0, description="0 writes history synchronously")
 
+    unknown_tasks: str = Field(
+        default="warn",
+        pattern="^(warn|refuse)$",
+        description="a submission naming a task no worker has published: warn (it waits for one) or refuse",
+    )
+
     concurrency: int = Field(default=4, ge=1, le=10_000)
     queues: tuple[str, ...] = ("critical", "high", "default", "low")
     # Worker execution (docs/workers.md). None: the command's default (`jobq worker`: prefork;

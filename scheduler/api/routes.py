@@ -38,17 +38,18 @@ from jobq.api.schemas import (
     RunPage,
     RunResource,
     RunResultResource,
+    TaskList,
 )
 from jobq.api.state import ApiState, api_state
 from jobq.bounds import Text
 from jobq.client import Client
 from jobq.errors import Conflict
 from jobq.metrics import METRICS
-from jobq.models import Job, JobKey, JobStatus, Priority, RunEvent, TaskTarget, WebhookTarget
+from jobq.models import Job, JobKey, JobStatus, Priority, RunEvent, WebhookTarget
 from jobq.ports import JobQuery, Page
 from jobq.results import read_result
 from jobq.submission import IDEMPOTENCY_KEY_PATTERN, JOB_ID_PATTERN, JobSpec
-from jobq.views import event_resource, iso, job_resource, job_summary, run_resource
+from jobq.views import event_resource, iso, job_resource, job_summary, run_resource, task_resource
 from jobq.webhooks import check_target
 
 T = TypeVar("T")
@@ -219,23 +220,41 @@ def create_job(
     if isinstance(spec.target, WebhookTarget):
         check_target(spec.target, state.policy, settings.webhook_max_headers)
     client = Client(state.deployment, tenant_id=token.tenant_id)
-    known = state.deployment.store.known_tasks() if isinstance(spec.target, TaskTarget) else None
     submitted = client.submit(
         spec,
         idempotency_key=idempotency_key,
         respond=lambda job, fires: json.dumps(created_body(job, fires), separators=(",", ":")),
         fingerprint=fingerprint,
-        known_tasks=known,
         # An instrumented server has made the request's span current; otherwise continue the header.
         trace=None if tracing.current_traceparent() else tracing.valid_traceparent(traceparent),
     )
     location = {"Location": f"/v1/jobs/{submitted.job.job_id}"}
     if submitted.created:
-        return Response(submitted.response, status_code=201, media_type="application/json", headers=location)
+        body = _warned(submitted.response, submitted.warnings)
+        return Response(body, status_code=201, media_type="application/json", headers=location)
     replayed = submitted.response or json.dumps(created_body(submitted.job, list(submitted.next_fire_times)))
     return Response(
-        replayed, status_code=200, media_type="application/json", headers={**location, "Idempotent-Replayed": "true"}
+        _warned(replayed, submitted.warnings),
+        status_code=200,
+        media_type="application/json",
+        headers={**location, "Idempotent-Replayed": "true"},
     )
+
+
+def _warned(body: str | None, warnings: tuple[str, ...]) -> str | None:
+    """The stored response with this submission's warnings (they are not kept with the key: a
+    replay says whether the task is served now)."""
+    if not warnings or body is None:
+        return body
+    return json.dumps({**json.loads(body), "warnings": list(warnings)}, separators=(",", ":"))
+
+
+@router.get("/v1/tasks", response_model=TaskList, summary="List the task catalogue")
+def list_tasks(token: Principal, state: State) -> dict[str, Any]:
+    """Every task a worker has published, with the options a submission by name gets unless it
+    sets them (`priority`, `retry_policy`, `timeout_seconds`) and the function's parameters."""
+    catalogue = state.client(token.tenant_id).declared()
+    return {"items": [task_resource(info) for _, info in sorted(catalogue.items())]}
 
 
 @router.get("/v1/jobs", response_model=JobPage, summary="List jobs")
