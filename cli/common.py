@@ -14,8 +14,8 @@ from typing import Any, NoReturn, TypeVar
 import click
 from pydantic import ValidationError
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from jobq.app import App, default_app
 from jobq.deployment import Deployment
@@ -30,9 +30,10 @@ EXIT_USAGE = 2
 SYNC_ATTEMPTS = 8  # about a minute and a half of backoff
 
 # Piped output (scripts, logs) gets whole values: rich would otherwise assume 80 columns.
-# Output is data (task names, error texts): never read as rich markup, so brackets print as they are.
+# Output is data (task names, error texts, hints such as `pip install 'jobq[api]'`): neither console
+# reads rich markup, so brackets print as they are; styles are given as `Text` styles instead.
 console = Console(highlight=False, markup=False, width=None if sys.stdout.isatty() else 240)
-err_console = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 240)
+err_console = Console(stderr=True, highlight=False, markup=False, width=None if sys.stderr.isatty() else 240)
 
 
 def table(*columns: str) -> Table:
@@ -45,7 +46,7 @@ def table(*columns: str) -> Table:
 
 def fail(message: str) -> NoReturn:
     """Print one line to stderr and exit 2: the CLI's only error path for bad input."""
-    err_console.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)  # messages may hold [brackets]
+    err_console.print(Text.assemble(("error:", "bold red"), " ", message), soft_wrap=True)
     raise SystemExit(EXIT_USAGE)
 
 
