@@ -408,19 +408,27 @@ def _action(name: str, verb: str, help_text: str) -> click.Command:
     @backend_options
     def command(job_id: str, tenant_id: str | None, as_json: bool, **options: Any) -> None:
         key = job_key(job_id, tenant_id)
+        target = _ENDS.get(name)
         with deployment(load_settings(options)) as d:
             client = Client(d)
-            result = getattr(client, name)(key)
+            already = target is not None and client.job(key).status is target
+            # Asking again for the state a job is in succeeds and says so. A cancel still runs: it
+            # finishes what an interrupted cancel left (runs not yet ended).
+            result = None if already and name != "cancel" else getattr(client, name)(key)
             view = client.get(key)
         if as_json:
             print_json(job_resource(view))
             return
-        extra = f" as run {result.run_id}" if name == "trigger" else ""
+        if already:
+            console.print(f"{key} was already {verb if name != 'resume' else 'active'}: job {view.job.status.value}")
+            return
+        extra = f" as run {result.run_id}" if name == "trigger" and result is not None else ""
         console.print(f"{verb} {key}{extra}: job {view.job.status.value}")
 
     return command
 
 
+_ENDS = {"cancel": JobStatus.CANCELLED, "pause": JobStatus.PAUSED, "resume": JobStatus.ACTIVE}
 cancel = _action("cancel", "cancelled", "Cancel a job and its unfinished runs (a running task sees lease_lost).")
 pause = _action("pause", "paused", "Stop creating runs; runs not yet started wait until resume.")
 resume = _action("resume", "resumed", "Create runs again (recurring fires during the pause are skipped).")
