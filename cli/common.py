@@ -96,6 +96,18 @@ def deployment(settings: Settings) -> Iterator[Deployment]:
         d.close()
 
 
+@contextmanager
+def reader(settings: Settings, *, history: bool = False) -> Iterator[Deployment]:
+    """For read-only commands: only the store (and the history when asked), never created here."""
+    from jobq.wiring import connect_reader
+
+    d = connect_reader(settings, history=history)
+    try:
+        yield d
+    finally:
+        d.close()
+
+
 def json_option(fn: F) -> F:
     return click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")(fn)
 

@@ -20,6 +20,7 @@ from jobq.cli.common import (
     load_apps,
     load_settings,
     print_json,
+    reader,
     tenant_option,
 )
 from jobq.cli.common import table as new_table
@@ -219,7 +220,7 @@ def schedule(
 def tasks(as_json: bool, **options: Any) -> None:
     """List the task catalogue: every task a worker has published, with the options a submission
     by name gets unless it sets them (priority and queue, retries, timeout) and its parameters."""
-    with deployment(load_settings(options)) as d:
+    with reader(load_settings(options)) as d:
         catalogue = Client(d).declared()
     rows = [task_resource(info) for _, info in sorted(catalogue.items())]
     if as_json:
@@ -251,7 +252,7 @@ def tasks(as_json: bool, **options: Any) -> None:
 def status(job_id: str, tenant_id: str | None, as_json: bool, **options: Any) -> None:
     """Show a job: its schedule, current run, lease, fence and counts of runs by state."""
     key = job_key(job_id, tenant_id)
-    with deployment(load_settings(options)) as d:
+    with reader(load_settings(options)) as d:
         view = Client(d).get(key)
     resource = job_resource(view)
     if as_json:
@@ -323,7 +324,7 @@ def list_jobs(
     except InvalidQuery as exc:
         flag = {"tenant_id": "--tenant", "name_prefix": "--name-prefix", "cursor": "--cursor"}.get(exc.field or "")
         fail(f"{flag} {exc.message.removeprefix(exc.field or '').strip()}" if flag else exc.message)
-    with deployment(load_settings(options)) as d:
+    with reader(load_settings(options)) as d:
         page = Client(d).list(query)
     if as_json:
         print_json({"jobs": [job_summary(j) for j in page.items], "next_cursor": page.next_cursor})
@@ -353,7 +354,7 @@ def list_jobs(
 def runs(job_id: str, tenant_id: str | None, limit: int, as_json: bool, **options: Any) -> None:
     """List a job's runs, newest first."""
     key = job_key(job_id, tenant_id)
-    with deployment(load_settings(options)) as d:
+    with reader(load_settings(options)) as d:
         page = Client(d).runs(key, limit=limit)
     if as_json:
         print_json({"runs": [run_resource(r) for r in page.items], "next_cursor": page.next_cursor})
@@ -380,7 +381,7 @@ def runs(job_id: str, tenant_id: str | None, limit: int, as_json: bool, **option
 def history(job_id: str, tenant_id: str | None, as_json: bool, **options: Any) -> None:
     """Show every attempt's start and outcome for a job, oldest first."""
     key = job_key(job_id, tenant_id)
-    with deployment(load_settings(options)) as d:
+    with reader(load_settings(options), history=True) as d:
         events = Client(d).history(key)
     if as_json:
         print_json({"events": [event_resource(e) for e in events]})
@@ -447,7 +448,7 @@ def dlq() -> None:
 @backend_options
 def dlq_list(limit: int, cursor: str | None, as_json: bool, **options: Any) -> None:
     """List dead-lettered runs, newest first."""
-    with deployment(load_settings(options)) as d:
+    with reader(load_settings(options)) as d:
         page = Client(d).dead_letters(cursor=cursor, limit=limit)
     if as_json:
         print_json({"runs": [run_resource(r) for r in page.items], "next_cursor": page.next_cursor})
@@ -466,7 +467,7 @@ def dlq_list(limit: int, cursor: str | None, as_json: bool, **options: Any) -> N
 @backend_options
 def dlq_show(run_id: str, as_json: bool, **options: Any) -> None:
     """Show one dead-lettered run with its history."""
-    with deployment(load_settings(options)) as d:
+    with reader(load_settings(options), history=True) as d:
         client = Client(d)
         run = client.run(run_id)
         events = [e for e in client.history(run.job_key) if e.run_id == run_id]

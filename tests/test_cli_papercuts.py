@@ -3,12 +3,14 @@ nothing, listings newest first, one status, and dead letters that are easy to ac
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
 from harness import Harness
+from services import require_postgres
 
 from jobq.cli.main import cli
 from jobq.clock import SYSTEM_CLOCK, ManualClock
@@ -64,3 +66,50 @@ def test_asking_again_for_the_state_a_job_is_in_exits_0_and_says_it_already_was(
     assert f"{job_id} was {said}" in again.output
     expected = {"pause": JobStatus.PAUSED, "resume": JobStatus.ACTIVE, "cancel": JobStatus.CANCELLED}[verb]
     assert h.client.job(job_id).status is expected
+
+
+READ_ONLY = [
+    ["list"],
+    ["status", "job_1"],
+    ["runs", "job_1"],
+    ["history", "job_1"],
+    ["dlq", "list"],
+    ["dlq", "show", "job_1:1"],
+    ["tasks"],
+    ["tokens", "list"],
+]
+
+
+@pytest.mark.parametrize("args", READ_ONLY, ids=" ".join)
+def test_a_read_only_command_where_there_is_no_store_exits_2_and_creates_nothing(
+    args: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(cli, args, env={"JOBQ_STORE": None})
+    assert result.exit_code == 2, result.output
+    expected = (
+        f"error: no jobq store at sqlite:///{tmp_path.resolve() / 'jobq.db'} (start `jobq dev`, or run `jobq init`)"
+    )
+    assert result.output.strip() == expected
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_read_only_commands_on_postgresql_create_no_schema_and_need_no_broker() -> None:
+    import psycopg
+
+    dsn = require_postgres()
+    absent, made = (f"jobq_test_{uuid.uuid4().hex[:12]}" for _ in range(2))
+    try:
+        missing = CliRunner().invoke(cli, ["list", "--store", f"{dsn}?schema={absent}"])
+        assert missing.exit_code == 2 and "no jobq store at" in missing.output, missing.output
+        with psycopg.connect(dsn) as conn:
+            assert conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", [absent]).fetchone() is None
+        assert CliRunner().invoke(cli, ["init", "--store", f"{dsn}?schema={made}"]).exit_code == 0
+        for args in (["list"], ["dlq", "list"], ["tasks"], ["status", "nope"]):
+            shown = CliRunner().invoke(cli, [*args, "--store", f"{dsn}?schema={made}"], env={"JOBQ_BROKER": None})
+            assert "--broker" not in shown.output, shown.output
+            assert shown.exit_code == (2 if args[0] == "status" else 0), shown.output
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for schema in (absent, made):
+                conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
