@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from typing import Any, Literal
@@ -28,7 +29,7 @@ from jobq.cli.cron import dry_run_schedule
 from jobq.client import Client
 from jobq.cronpreview import MAX_FIRES
 from jobq.errors import InvalidQuery
-from jobq.models import JobStatus, Priority, ScheduleType
+from jobq.models import Job, JobKey, JobStatus, Priority, RunState, ScheduleType, TaskTarget
 from jobq.ports import JobQuery
 from jobq.submission import JobSpec
 from jobq.views import event_resource, iso, job_resource, job_summary, run_resource, task_resource
@@ -250,99 +251,166 @@ def tasks(as_json: bool, **options: Any) -> None:
 @json_option
 @backend_options
 def status(job_id: str, tenant_id: str | None, as_json: bool, **options: Any) -> None:
-    """Show a job: its schedule, current run, lease, fence and counts of runs by state."""
+    """Show a job: its status, schedule, current run (lease, fence, attempt), last run, last
+    success, last error, and counts of runs by state."""
     key = job_key(job_id, tenant_id)
     with reader(load_settings(options)) as d:
-        view = Client(d).get(key)
+        client = Client(d)
+        view = client.get(key)
+        recent = client.runs(key, limit=_STATUS_RUNS).items
+        outcome = client.outcomes([view.job]).get(view.job.key)
     resource = job_resource(view)
+    last = next((r for r in recent if r.started_ms is not None or r.state.terminal), None)
+    success = next((r for r in recent if r.state is RunState.SUCCEEDED), None)
+    failed = next((r for r in recent if r.last_error), None)
     if as_json:
         print_json(resource)
         return
     table = Table(show_header=False, box=None)
-    for name in (
-        "job_id",
-        "tenant_id",
-        "job_name",
-        "job_status",
-        "status_reason",
-        "corrupt",
-        "status",
-        "schedule_type",
-        "cron_expression",
-        "cron_source",
-        "timezone",
-        "priority",
-        "current_attempt",
-        "fencing_token",
-        "current_lease_worker_id",
-        "last_heartbeat_at",
-        "next_run_time_iso",
-        "created_at",
-    ):
-        if resource.get(name) is not None and not (
-            name == "cron_source" and resource[name] == resource["cron_expression"]
-        ):
-            table.add_row(name, str(resource[name]))
+    rows: list[tuple[str, Any]] = [
+        ("job_id", resource["job_id"]),
+        ("tenant_id", resource["tenant_id"]),
+        ("job_name", resource["job_name"]),
+        ("status", outcome or view.job.status.value),
+        ("status_reason", resource.get("status_reason")),
+        ("corrupt", resource.get("corrupt")),
+        ("task", resource.get("task")),
+        ("schedule_type", resource["schedule_type"]),
+        ("cron_expression", resource.get("cron_expression")),
+        (
+            "cron_source",
+            None if resource.get("cron_source") == resource.get("cron_expression") else resource["cron_source"],
+        ),
+        ("timezone", resource["timezone"]),
+        ("priority", resource["priority"]),
+    ]
     run = view.current_run
-    if run is not None and run.last_error:
-        table.add_row("last_error", run.last_error)
-    table.add_row("runs", ", ".join(f"{k}={v}" for k, v in sorted(view.counts.items())) or "none yet")
+    if run is not None:
+        rows.append(("current run", f"{run.run_id} {run.state.value} attempt {run.attempt} fence {run.fence}"))
+    if run is not None and not run.state.terminal:
+        rows.append(("lease", f"{run.lease_owner} until {_iso(run.lease_expires_ms)}" if run.lease_owner else None))
+        rows.append(("last_heartbeat_at", resource.get("last_heartbeat_at")))
+    rows += [
+        (
+            "last run",
+            None if last is None else f"{last.run_id} {last.state.value} {_iso(last.finished_ms or last.nominal_ms)}",
+        ),
+        ("last success", None if success is None else f"{_iso(success.finished_ms)} ({success.run_id})"),
+        ("last error", None if failed is None else f"{failed.last_error} ({failed.run_id})"),
+        ("next_run_time", resource.get("next_run_time_iso")),
+        ("created_at", resource.get("created_at")),
+        ("runs", ", ".join(f"{k}={v}" for k, v in sorted(view.counts.items())) or "none yet"),
+    ]
     if len(view.next_fire_times) > 1:
-        table.add_row("next fires", ", ".join(_iso(ms) for ms in view.next_fire_times))
+        rows.append(("next fires", ", ".join(_iso(ms) for ms in view.next_fire_times)))
+    for name, value in rows:
+        if value is not None:
+            table.add_row(name, str(value))
     console.print(table)
 
 
+_STATUS_RUNS = 100  # runs `jobq status` looks through for the last success and the last error
+_STATUSES = [*(s.value for s in JobStatus), "FAILED"]
+_LIST_SCAN = 100_000  # jobs `jobq list` reads at most to find the newest; narrow with filters beyond
+
+
 @click.command(name="list")
-@click.option("--status", "status_", type=click.Choice([s.value for s in JobStatus], case_sensitive=False))
+@click.option("--status", "status_", type=click.Choice([*_STATUSES], case_sensitive=False), help="Only this status.")
+@click.option("--task", default=None, help="Only jobs of this task.")
+@click.option("--name", "name_prefix", default=None, help="Only jobs whose name starts with this.")
+@click.option("--name-prefix", "name_prefix", default=None, hidden=True)
 @click.option("--priority", type=click.Choice([p.value for p in Priority], case_sensitive=False))
-@click.option("--name-prefix", default=None)
 @click.option("--tenant", "tenant_id", default=None)
 @click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True)
-@click.option("--cursor", default=None, help="Continue from a previous page.")
+@click.option("--cursor", default=None, help="Page in job id order from a previous --json page (for scripts).")
 @json_option
 @backend_options
 def list_jobs(
     status_: str | None,
-    priority: str | None,
+    task: str | None,
     name_prefix: str | None,
+    priority: str | None,
     tenant_id: str | None,
     limit: int,
     cursor: str | None,
     as_json: bool,
     **options: Any,
 ) -> None:
-    """List jobs (newest ids last), filtered by status, priority or name prefix."""
+    """List jobs, newest first, filtered by status, task, name prefix or priority.
+
+    A one-off whose run was dead-lettered is FAILED (its job record says COMPLETED). With
+    --cursor, pages follow job id order instead, as `--json` pages do."""
+    wanted = status_.upper() if status_ else None
+    stored = None if wanted in (None, "FAILED") else JobStatus(wanted)
     try:
         query = JobQuery(
             tenant_id=tenant_id,
-            status=JobStatus(status_.upper()) if status_ else None,
+            status=JobStatus.COMPLETED if wanted == "FAILED" else stored,
             priority=Priority.parse(priority) if priority else None,
             name_prefix=name_prefix,
             cursor=cursor,
-            limit=limit,
+            limit=1000 if cursor is None else limit,
         )
     except InvalidQuery as exc:
-        flag = {"tenant_id": "--tenant", "name_prefix": "--name-prefix", "cursor": "--cursor"}.get(exc.field or "")
+        flag = {"tenant_id": "--tenant", "name_prefix": "--name", "cursor": "--cursor"}.get(exc.field or "")
         fail(f"{flag} {exc.message.removeprefix(exc.field or '').strip()}" if flag else exc.message)
     with reader(load_settings(options)) as d:
-        page = Client(d).list(query)
+        client = Client(d)
+        found, next_cursor, truncated = _matching(client, query, task, wanted, limit)
+        outcomes = client.outcomes(found)
     if as_json:
-        print_json({"jobs": [job_summary(j) for j in page.items], "next_cursor": page.next_cursor})
+        jobs = [{**job_summary(j), "status": outcomes.get(j.key, j.status.value)} for j in found]
+        print_json({"jobs": jobs, "next_cursor": next_cursor})
         return
-    table = new_table("job_id", "tenant", "name", "status", "type", "schedule", "priority")
-    for job in page.items:
+    if not found:
+        console.print("no jobs" + (" match" if any((wanted, task, name_prefix, priority, tenant_id)) else ""))
+        return
+    table = new_table("job_id", "tenant", "name", "status", "type", "schedule", "priority", "created")
+    for job in found:
+        shown = outcomes.get(job.key, job.status.value)
         table.add_row(
             job.job_id,
             job.tenant_id,
             job.name,
-            job.status.value if job.corrupt is None else f"{job.status.value} (corrupt: {job.corrupt})",
+            shown if job.corrupt is None else f"{shown} (corrupt: {job.corrupt})",
             job.schedule.type.value,
             job.schedule.cron or _iso(job.schedule.at_ms),
             job.priority.value,
+            _iso(job.created_ms),
         )
     console.print(table)
-    if page.next_cursor:
-        console.print(f"more: --cursor {page.next_cursor}")
+    if next_cursor:
+        console.print(f"more: --cursor {next_cursor}")
+    if truncated:
+        console.print(f"(the newest among the first {_LIST_SCAN} matching jobs: narrow with --status, --task, --name)")
+
+
+def _matching(
+    client: Client, query: JobQuery, task: str | None, wanted: str | None, limit: int
+) -> tuple[list[Job], str | None, bool]:
+    """The jobs to list: with a cursor, that page in id order; otherwise the newest `limit` of every
+    match (read page by page), newest first. Returns (jobs, next cursor, scan cut short)."""
+
+    def keep(job: Job, outcome: dict[JobKey, str]) -> bool:
+        if task is not None and (not isinstance(job.target, TaskTarget) or job.target.task != task):
+            return False
+        return wanted is None or outcome.get(job.key, job.status.value) == wanted
+
+    if query.cursor is not None:
+        page = client.list(query)
+        outcome = client.outcomes(page.items) if wanted in ("FAILED", "COMPLETED") else {}
+        return [j for j in page.items if keep(j, outcome)], page.next_cursor, False
+    found: list[Job] = []
+    seen, cursor = 0, None
+    while True:
+        page = client.list(dataclasses.replace(query, cursor=cursor))
+        seen += len(page.items)
+        outcome = client.outcomes(page.items) if wanted in ("FAILED", "COMPLETED") else {}
+        found += [j for j in page.items if keep(j, outcome)]
+        found = sorted(found, key=lambda j: (j.created_ms, j.job_id), reverse=True)[:limit]
+        cursor = page.next_cursor
+        if cursor is None or seen >= _LIST_SCAN:
+            return found, None, cursor is not None
 
 
 @click.command()

@@ -309,6 +309,18 @@ class Client:
             query = dataclasses.replace(query, tenant_id=self.tenant_id)
         return self.store.list_jobs(query)
 
+    def outcomes(self, jobs: Sequence[Job]) -> dict[JobKey, str]:
+        """`FAILED` for each COMPLETED one-off (or immediate) job among `jobs` whose run failed (it
+        was dead-lettered): its record says COMPLETED because nothing more will run, but users
+        need its outcome. One batch read of those jobs' runs."""
+        done = {
+            Run.make_id(j.key, j.schedule.at_ms): j.key
+            for j in jobs
+            if j.status is JobStatus.COMPLETED and not j.recurring and j.schedule.at_ms is not None
+        }
+        runs = self.store.get_runs(builtins.list(done)) if done else {}
+        return {key: "FAILED" for run_id, key in done.items() if (r := runs.get(run_id)) and r.state is RunState.FAILED}
+
     def runs(self, job: JobRef, *, cursor: str | None = None, limit: int = 100) -> Page[Run]:
         key = self.job(job).key
         return self.store.list_runs(RunQuery(job=key, cursor=cursor, limit=limit))

@@ -114,7 +114,7 @@ def test_status_shows_the_run_lease_and_fence(run, h: Harness) -> None:  # type:
     cycle(h)
     human = run("status", job_id)
     assert human.exit_code == 0
-    assert "SUCCEEDED" in human.output and "fencing_token" in human.output
+    assert "SUCCEEDED attempt 1 fence 1" in human.output
     doc = json.loads(run("status", job_id, "--json").output)
     assert (doc["status"], doc["fencing_token"], doc["current_attempt"]) == ("SUCCEEDED", 1, 1)
     assert doc["run_counts"] == {"SUCCEEDED": 1}

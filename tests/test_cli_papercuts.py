@@ -3,6 +3,7 @@ nothing, listings newest first, one status, and dead letters that are easy to ac
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -113,3 +114,84 @@ def test_read_only_commands_on_postgresql_create_no_schema_and_need_no_broker() 
         with psycopg.connect(dsn, autocommit=True) as conn:
             for schema in (absent, made):
                 conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+def _submit(h: Harness, task: str, name: str | None = None, **fields: object) -> str:
+    spec = {"schedule_type": "IMMEDIATE", "target": {"type": "TASK", "task": task}, "job_name": name, **fields}
+    job_id = h.client.submit(spec).job.job_id
+    h.advance(1)
+    return job_id
+
+
+def _listed_ids(result: Result) -> list[str]:
+    assert result.exit_code == 0, result.output
+    return [m.group(0) for line in result.output.splitlines() if (m := re.search(r"job_[0-9a-z]{26}", line))]
+
+
+def test_jobq_list_shows_the_newest_jobs_first_and_new_jobs_are_never_behind_a_cursor(run: Run, h: Harness) -> None:
+    ids = [_submit(h, "t.echo", f"n{i}") for i in range(60)]
+    assert _listed_ids(run("list", "--limit", "3")) == ids[::-1][:3]
+    assert _listed_ids(run("list"))[0] == ids[-1] and len(_listed_ids(run("list"))) == 50
+
+
+def test_jobq_list_filters_by_status_task_and_name(run: Run, h: Harness) -> None:
+    @h.app.task(name="t.other")
+    def other() -> None:
+        return None
+
+    echo = _submit(h, "t.echo", "report.daily")
+    second = _submit(h, "t.other", "report.weekly")
+    third = _submit(h, "t.other", "cleanup")
+    h.client.pause(second)
+    assert _listed_ids(run("list", "--task", "t.other")) == [third, second]
+    assert _listed_ids(run("list", "--name", "report.")) == [second, echo]
+    assert _listed_ids(run("list", "--status", "paused")) == [second]
+    assert run("list", "--task", "t.none").output.strip() == "no jobs match"
+
+
+def test_a_dead_lettered_one_off_is_listed_and_shown_as_failed(run: Run, h: Harness) -> None:
+    @h.app.task(name="t.broken", retry=None)
+    def broken() -> None:
+        raise RuntimeError("it broke")
+
+    ok = _submit(h, "t.echo")
+    dead = _submit(h, "t.broken", retry_policy={"max_retries": 0})
+    h.worker().start()
+    h.cycle()
+    assert h.client.job(dead).status is JobStatus.COMPLETED  # the record: nothing more will run
+    table = {
+        m.group(0): line for line in run("list").output.splitlines() if (m := re.search(r"job_[0-9a-z]{26}", line))
+    }
+    assert " FAILED " in table[dead] and " COMPLETED " in table[ok]
+    assert _listed_ids(run("list", "--status", "failed")) == [dead]
+    shown = "\n".join(line.strip() for line in run("status", dead).output.splitlines())
+    assert [line.split()[1] for line in shown.splitlines() if line.split()[0] == "status"] == ["FAILED"]
+
+
+def test_jobq_status_has_one_status_row_and_the_last_run_success_and_error(run: Run, h: Harness) -> None:
+    calls = []
+
+    @h.app.task(name="t.flaky")
+    def flaky() -> None:
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("second run fails")
+
+    job = h.client.submit(
+        {"schedule_type": "CRON", "cron_expression": "* * * * *", "target": {"type": "TASK", "task": "t.flaky"}}
+    ).job.job_id
+    h.worker().start()
+    for _ in range(2):
+        h.cycle(61)
+    out = "\n".join(line.strip() for line in run("status", job).output.splitlines())
+    rows = {line.split()[0]: line for line in out.splitlines() if line.strip()}
+    assert [line for line in out.splitlines() if line.split()[:1] == ["status"]] == [rows["status"]]
+    assert "job_status" not in rows
+    assert rows["status"].split()[1] == "ACTIVE"
+    last_error = next(line for line in out.splitlines() if line.startswith("last error"))
+    last_success = next(line for line in out.splitlines() if line.startswith("last success"))
+    last_run = next(line for line in out.splitlines() if line.startswith("last run"))
+    assert "second run fails" in last_error
+    assert job in last_success
+    failing_run = last_error.split("(")[-1].rstrip(")")
+    assert last_run.split()[2] == failing_run  # the newest run that ran (retrying), not a future one
