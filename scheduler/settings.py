@@ -113,6 +113,24 @@ class Settings(BaseModel):
             raise ConfigError("soft_time_limit_s", soft, f"must be below time_limit_s ({hard:g})")
         return self
 
+    @model_validator(mode="after")
+    def _consistent(self) -> Settings:
+        """Refuse settings that contradict each other, with one line naming both (a ConfigError,
+        which pydantic lets through unwrapped)."""
+        if self.heartbeat_s >= self.lease_s:
+            raise ConfigError(
+                "heartbeat_s",
+                self.heartbeat_s,
+                f"must be shorter than lease_s={self.lease_s:g} (a run's lease would expire between heartbeats)",
+            )
+        if self.claim_lease_s > self.lease_s:
+            raise ConfigError(
+                "claim_lease_s",
+                self.claim_lease_s,
+                f"must not be longer than lease_s={self.lease_s:g} (a scanner's claim would outlive a worker's lease)",
+            )
+        return self
+
     def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
         """`repr(settings)` (and `str`) shows URLs without their passwords or secret parameters."""
         for name, value in super().__repr_args__():
