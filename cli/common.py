@@ -44,6 +44,24 @@ def table(*columns: str) -> Table:
     return t
 
 
+def keep_whole(t: Table, column: int, values: list[str]) -> None:
+    """Never wrap this column (ids are copied with a double click): it is as wide as its longest
+    value, and the other columns fold to make room."""
+    c = t.columns[column]
+    c.no_wrap = True
+    c.min_width = max([len(v) for v in values] + [len(str(c.header))])
+
+
+def clip(text: str | None, limit: int) -> str:
+    """`text` on one line, cut at a word boundary before `limit` characters (with `…`)."""
+    flat = " ".join((text or "").split())
+    if len(flat) <= limit:
+        return flat
+    cut = flat[: limit - 1]
+    space = cut.rfind(" ")
+    return (cut[:space] if space > limit // 2 else cut).rstrip(" ,;:") + "…"
+
+
 def fail(message: str) -> NoReturn:
     """Print one line to stderr and exit 2: the CLI's only error path for bad input."""
     err_console.print(Text.assemble(("error:", "bold red"), " ", message), soft_wrap=True)

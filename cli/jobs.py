@@ -12,12 +12,14 @@ from rich.table import Table
 
 from jobq.cli.common import (
     backend_options,
+    clip,
     console,
     deployment,
     err_console,
     fail,
     job_key,
     json_option,
+    keep_whole,
     load_apps,
     load_settings,
     print_json,
@@ -28,8 +30,9 @@ from jobq.cli.common import table as new_table
 from jobq.cli.cron import dry_run_schedule
 from jobq.client import Client
 from jobq.cronpreview import MAX_FIRES
+from jobq.deployment import Deployment
 from jobq.errors import InvalidQuery
-from jobq.models import Job, JobKey, JobStatus, Priority, RunState, ScheduleType, TaskTarget
+from jobq.models import Job, JobKey, JobStatus, Priority, Run, RunState, ScheduleType, TaskTarget
 from jobq.ports import JobQuery
 from jobq.submission import JobSpec
 from jobq.views import event_resource, iso, job_resource, job_summary, run_resource, task_resource
@@ -436,7 +439,7 @@ def runs(job_id: str, tenant_id: str | None, limit: int, as_json: bool, **option
             str(r.fence),
             _iso(r.nominal_ms),
             _iso(r.finished_ms),
-            (r.last_error or "")[:60] if r.corrupt is None else f"corrupt: {r.corrupt}"[:60],
+            clip(r.last_error, 60) if r.corrupt is None else clip(f"corrupt: {r.corrupt}", 60),
         )
     console.print(table)
 
@@ -464,7 +467,7 @@ def history(job_id: str, tenant_id: str | None, as_json: bool, **options: Any) -
             e.kind,
             e.worker or "",
             str(e.duration_ms or ""),
-            (e.error or "")[:60],
+            clip(e.error, 60),
         )
     console.print(table)
 
@@ -518,12 +521,19 @@ def dlq_list(limit: int, cursor: str | None, as_json: bool, **options: Any) -> N
     """List dead-lettered runs, newest first."""
     with reader(load_settings(options)) as d:
         page = Client(d).dead_letters(cursor=cursor, limit=limit)
+        tasks = _tasks_of(d, page.items)
     if as_json:
-        print_json({"runs": [run_resource(r) for r in page.items], "next_cursor": page.next_cursor})
+        runs = [{**run_resource(r), "task": tasks.get(r.run_id)} for r in page.items]
+        print_json({"runs": runs, "next_cursor": page.next_cursor})
         return
-    table = new_table("run_id", "attempt", "failed", "error")
+    if not page.items:
+        console.print("no dead letters")
+        return
+    table = new_table("run_id", "task", "attempt", "failed", "error")
+    keep_whole(table, 0, [r.run_id for r in page.items])
+    keep_whole(table, 1, [tasks.get(r.run_id) or "-" for r in page.items])
     for r in page.items:
-        table.add_row(r.run_id, str(r.attempt), _iso(r.finished_ms), (r.last_error or "")[:80])
+        table.add_row(r.run_id, tasks.get(r.run_id) or "-", str(r.attempt), _iso(r.finished_ms), clip(r.last_error, 80))
     console.print(table)
     if page.next_cursor:
         console.print(f"more: --cursor {page.next_cursor}")
@@ -553,15 +563,30 @@ def dlq_show(run_id: str, as_json: bool, **options: Any) -> None:
 
 
 @dlq.command(name="redrive")
-@click.argument("run_ids", nargs=-1, required=True)
+@click.argument("run_ids", nargs=-1)
+@click.option("--all", "redrive_all", is_flag=True, help="Redrive every dead-lettered run.")
+@click.option("--task", default=None, help="Redrive the dead-lettered runs of this task.")
 @backend_options
-def dlq_redrive(run_ids: tuple[str, ...], **options: Any) -> None:
-    """Schedule dead-lettered runs again now, as their next attempt."""
+def dlq_redrive(run_ids: tuple[str, ...], redrive_all: bool, task: str | None, **options: Any) -> None:
+    """Schedule dead-lettered runs again now, each as its next attempt with a fresh attempt budget
+    (its retry policy's max_retries + 1 attempts from there)."""
+    if sum((bool(run_ids), redrive_all, task is not None)) != 1:
+        fail("give RUN_IDs, --all or --task TASK")
     with deployment(load_settings(options)) as d:
         client = Client(d)
-        for run_id in run_ids:
+        if run_ids:
+            targets = list(run_ids)
+        else:
+            dead = _all_dead_letters(client)
+            tasks = _tasks_of(d, dead) if task is not None else {}
+            targets = [r.run_id for r in dead if task is None or tasks.get(r.run_id) == task]
+            if not targets:
+                console.print("no dead letters" + (f" of task {task}" if task else "") + " to redrive")
+                return
+        for run_id in targets:
             run = client.redrive(run_id)
-            console.print(f"redriven {run.run_id} as attempt {run.attempt}")
+            budget = run.attempt_base + (client.job(run.job_key).retry.max_attempts)
+            console.print(f"redriven {run.run_id} as attempt {run.attempt} (of up to {budget})")
 
 
 @dlq.command(name="purge")
@@ -595,6 +620,28 @@ def init(print_format: Literal["cloudformation", "terraform"] | None, **options:
         console.print(render_store_definition(settings, print_format), end="")
         return
     console.print(init_store(settings))
+
+
+def _all_dead_letters(client: Client) -> list[Run]:
+    found: list[Run] = []
+    cursor = None
+    while True:
+        page = client.dead_letters(cursor=cursor, limit=500)
+        found += page.items
+        if page.next_cursor is None:
+            return found
+        cursor = page.next_cursor
+
+
+def _tasks_of(d: Deployment, runs: list[Run]) -> dict[str, str]:
+    """The task (or webhook endpoint) of each run's job, by run id: one batch read of the jobs."""
+    jobs = d.store.get_jobs(list({r.job_key for r in runs}))
+    out = {}
+    for r in runs:
+        job = jobs.get(r.job_key)
+        if job is not None:
+            out[r.run_id] = job.target.task if isinstance(job.target, TaskTarget) else job.target.endpoint
+    return out
 
 
 def _iso(ms: int | None) -> str:

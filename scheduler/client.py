@@ -504,7 +504,8 @@ class Client:
         return self.store.list_runs(RunQuery(tenant_id=self.tenant_id, dead_letter=True, cursor=cursor, limit=limit))
 
     def redrive(self, run_id: str) -> Run:
-        """Schedule a dead-lettered run again now, as attempt N+1."""
+        """Schedule a dead-lettered run again now, as attempt N+1 with a fresh attempt budget: up to
+        `retry.max_attempts` attempts from this one (`attempt_base` = N)."""
         run = self.run(run_id)
         if not run.dead_letter:
             raise Conflict(f"run {run_id!r} is not on the dead-letter list")
@@ -517,6 +518,7 @@ class Client:
             {
                 "dead_letter": False,
                 "attempt": run.attempt + 1,
+                "attempt_base": run.attempt,
                 "due_ms": now,
                 "deadline_ms": None,
                 "finished_ms": None,

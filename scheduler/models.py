@@ -322,6 +322,9 @@ class Run(_Record):
     # The W3C traceparent the run's spans continue: its job's for a one-off, a fire's own trace
     # (linked to the job's) for a recurring job; None when nothing traced it (`jobq.tracing`).
     trace: str | None = None
+    # Attempts made before the run's current attempt budget began: a redrive grants a fresh budget
+    # of `retry.max_attempts` from the attempt it creates (attempt numbers keep counting up).
+    attempt_base: int = 0
     # Set only on a record read back that did not decode (`jobq.records`): why. Never stored.
     corrupt: str | None = Field(default=None, exclude=True)
 
@@ -380,6 +383,7 @@ MUTABLE_RUN_FIELDS = frozenset(
         "started_ms",
         "finished_ms",
         "handbacks",
+        "attempt_base",
     }
 )
 

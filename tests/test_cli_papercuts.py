@@ -195,3 +195,78 @@ def test_jobq_status_has_one_status_row_and_the_last_run_success_and_error(run: 
     assert job in last_success
     failing_run = last_error.split("(")[-1].rstrip(")")
     assert last_run.split()[2] == failing_run  # the newest run that ran (retrying), not a future one
+
+
+def _dead(h: Harness, task: str, n: int = 1) -> list[str]:
+    ids = [_submit(h, task, retry_policy={"max_retries": 1, "initial_interval_sec": 0}) for _ in range(n)]
+    h.worker().start()
+    for _ in range(3):
+        h.cycle(1)
+    return [h.client.get(j).current_run.run_id for j in ids]  # type: ignore[union-attr]
+
+
+@pytest.fixture
+def failing(h: Harness) -> Harness:
+    @h.app.task(name="t.fails")
+    def fails() -> None:
+        raise RuntimeError("the upstream service answered 503 Service Unavailable " + "and more words " * 10)
+
+    @h.app.task(name="t.also_fails")
+    def also_fails() -> None:
+        raise RuntimeError("no")
+
+    return h
+
+
+def test_dlq_list_shows_the_task_and_never_wraps_a_run_id_at_80_columns(
+    run: Run, failing: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from jobq.cli import common
+
+    [run_id] = _dead(failing, "t.fails")
+    monkeypatch.setattr(common.console, "width", 80)
+    out = run("dlq", "list").output
+    assert any(run_id in line and " t.fails " in line for line in out.splitlines()), out
+    assert "…" in out  # the long error is clipped
+    for line in out.splitlines():
+        assert "and mo" not in line.replace("and more", "")  # cut at a word, never inside one
+
+
+def test_clip_cuts_at_a_word_boundary() -> None:
+    from jobq.cli.common import clip
+
+    assert clip("RuntimeError: the upstream service answered 503", 30) == "RuntimeError: the upstream…"
+    assert clip("short\nerror", 30) == "short error"
+
+
+def test_dlq_redrive_all_and_by_task(run: Run, failing: Harness) -> None:
+    one, two = _dead(failing, "t.fails", 2)
+    [other] = _dead(failing, "t.also_fails")
+    assert run("dlq", "redrive").exit_code == 2
+    by_task = run("dlq", "redrive", "--task", "t.fails")
+    assert by_task.exit_code == 0, by_task.output
+    assert {line.split()[1] for line in by_task.output.splitlines()} == {one, two}
+    assert [r.run_id for r in failing.client.dead_letters().items] == [other]
+    everything = run("dlq", "redrive", "--all")
+    assert [line.split()[1] for line in everything.output.splitlines()] == [other]
+    assert failing.client.dead_letters().items == []
+
+
+def test_a_redrive_grants_a_fresh_attempt_budget_and_every_count_agrees(run: Run, failing: Harness) -> None:
+    [run_id] = _dead(failing, "t.also_fails")
+    dead = failing.client.run(run_id)
+    assert (dead.attempt, dead.last_error) == (2, "RuntimeError: no (attempt 2 of 2)")
+    redriven = run("dlq", "redrive", run_id)
+    assert f"redriven {run_id} as attempt 3 (of up to 4)" in redriven.output
+    for _ in range(3):
+        failing.cycle(1)
+    again = failing.client.run(run_id)
+    assert (again.attempt, again.dead_letter, again.last_error) == (4, True, "RuntimeError: no (attempt 4 of 4)")
+
+
+def test_history_records_each_outcome_under_the_attempt_and_fence_that_ran(failing: Harness) -> None:
+    [run_id] = _dead(failing, "t.also_fails")
+    events = [e for e in failing.client.history(failing.client.run(run_id).job_key) if e.run_id == run_id]
+    started = {e.attempt: e.fence for e in events if e.kind == "STARTED"}
+    outcomes = [(e.kind, e.attempt, e.fence) for e in events if e.kind != "STARTED"]
+    assert outcomes == [("RETRYING", 1, started[1]), ("FAILED", 2, started[2])]

@@ -50,6 +50,7 @@ _STR_FIELDS = (
 _INT_FIELDS = (
     *("nominal_ms", "due_ms", "attempt", "fence", "version", "lease_expires_ms", "last_heartbeat_ms"),
     *("deadline_ms", "created_ms", "updated_ms", "dispatched_ms", "started_ms", "finished_ms", "handbacks"),
+    "attempt_base",
 )
 #: Every `Run` field, by how it is stored (`priority` as its rank, `result` as JSON text).
 RUN_FIELDS = frozenset({*_STR_FIELDS, *_INT_FIELDS, "priority", "dead_letter", "result"})

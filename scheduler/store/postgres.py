@@ -155,6 +155,7 @@ _COLUMN_TYPES = {
     "started_ms": "bigint",
     "finished_ms": "bigint",
     "handbacks": "integer",
+    "attempt_base": "integer",
 }
 
 

@@ -92,7 +92,8 @@ CREATE TABLE IF NOT EXISTS jobq_runs (
     started_ms        INTEGER,
     finished_ms       INTEGER,
     handbacks         INTEGER NOT NULL DEFAULT 0,
-    trace             TEXT
+    trace             TEXT,
+    attempt_base      INTEGER NOT NULL DEFAULT 0
 );
 -- The scanner's (and beat's repair) query: due runs of one tier, earliest first, ties by id.
 DROP INDEX IF EXISTS jobq_runs_due;
@@ -153,7 +154,11 @@ _JOB_COLUMNS = "job_id, tenant_id, name, status, priority, next_fire_ms, version
 
 RUN_COLUMNS = RUN_FIELDS  # the table has a column per field
 # Run columns added after the table's first version, in the order they were added, with their DDL.
-_ADDED_RUN_COLUMNS = {"handbacks": "INTEGER NOT NULL DEFAULT 0", "trace": "TEXT"}
+_ADDED_RUN_COLUMNS = {
+    "handbacks": "INTEGER NOT NULL DEFAULT 0",
+    "trace": "TEXT",
+    "attempt_base": "INTEGER NOT NULL DEFAULT 0",
+}
 _INSERT_RUN = (
     f"INSERT OR IGNORE INTO jobq_runs ({', '.join(RUN_COLUMNS)}) VALUES ({placeholders(len(RUN_COLUMNS))}) RETURNING *"
 )
@@ -253,7 +258,7 @@ class SqliteStore:
                 conn.execute(statement)
 
     def _add_run_columns(self) -> None:
-        """Add the run columns a file of an earlier version lacks (`handbacks`, `trace`): looked at
+        """Add the run columns a file of an earlier version lacks (`handbacks`, `trace`, `attempt_base`): looked at
         first, then again under the write lock, which is taken only when one is missing."""
 
         def missing(conn: sqlite3.Connection) -> list[str]:
