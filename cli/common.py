@@ -9,21 +9,23 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
-from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from jobq.app import App, default_app
-from jobq.deployment import Deployment
 from jobq.errors import JobqError
-from jobq.models import DEFAULT_TENANT, JobKey
-from jobq.settings import Settings
-from jobq.tasks import TaskRegistry
-from jobq.wiring import connect
+
+if TYPE_CHECKING:  # imported where used, so `jobq --help` and light commands start fast
+    from pydantic import ValidationError
+
+    from jobq.app import App
+    from jobq.deployment import Deployment
+    from jobq.models import JobKey
+    from jobq.settings import Settings
+    from jobq.tasks import TaskRegistry
 
 F = TypeVar("F", bound=Callable[..., Any])
 EXIT_USAGE = 2
@@ -82,7 +84,11 @@ class JobqGroup(click.Group):
             return super().invoke(ctx)
         except JobqError as exc:
             fail(str(exc))
-        except ValidationError as exc:
+        except ValueError as exc:
+            from pydantic import ValidationError  # loaded already if it raised this
+
+            if not isinstance(exc, ValidationError):
+                raise
             fail(describe_validation(exc))
 
 
@@ -101,12 +107,16 @@ def backend_options(fn: F) -> F:
 
 
 def load_settings(overrides: dict[str, Any]) -> Settings:
+    from jobq.settings import Settings
+
     config_file = overrides.pop("config_file", None)
     return Settings.load(overrides, config_file=config_file)
 
 
 @contextmanager
 def deployment(settings: Settings) -> Iterator[Deployment]:
+    from jobq.wiring import connect
+
     d = connect(settings)
     try:
         yield d
@@ -137,13 +147,15 @@ def tenant_option(fn: F) -> F:
         "tenant_id",
         default=None,
         metavar="TENANT",
-        help=f"The job's tenant [{DEFAULT_TENANT}]. JOB_ID may also be given as TENANT/JOB_ID.",
+        help="The job's tenant [default]. JOB_ID may also be given as TENANT/JOB_ID.",
     )(fn)
 
 
 def job_key(ref: str, tenant_id: str | None) -> JobKey:
     """The job that JOB_ID names: `JOB_ID` in `--tenant` (default `default`), or `TENANT/JOB_ID`.
     Naming two different tenants (`a/job --tenant b`) is an error."""
+    from jobq.models import DEFAULT_TENANT, JobKey
+
     key = JobKey.parse(ref, tenant_id or DEFAULT_TENANT)
     if not key.tenant_id or not key.job_id:
         fail(f"{ref!r} is not a job id: use JOB_ID, or TENANT/JOB_ID")
@@ -161,6 +173,9 @@ def load_apps(specs: tuple[str, ...]) -> tuple[App, TaskRegistry]:
 
     The current directory is importable (as with `python -m`). Tasks registered with
     `@jobq.task` land on the default app. Returns the first app found and every task."""
+    from jobq.app import default_app
+    from jobq.tasks import TaskRegistry
+
     apps = find_apps(specs)
     registry = TaskRegistry()
     for app in apps:
@@ -181,14 +196,16 @@ def sync_schedules(specs: tuple[str, ...], d: Deployment) -> None:
             except JobqError as exc:
                 if not exc.retryable or attempt == SYNC_ATTEMPTS - 1:
                     raise
-                err_console.print(escape(f"warning: syncing periodic schedules: {exc}; trying again"), soft_wrap=True)
+                err_console.print(f"warning: syncing periodic schedules: {exc}; trying again", soft_wrap=True)
                 time.sleep(min(30.0, 0.5 * 2**attempt))
         if app.schedules or report.paused:
-            err_console.print(escape(f"periodic schedules of app {app.name}: {report.summary()}"), soft_wrap=True)
+            err_console.print(f"periodic schedules of app {app.name}: {report.summary()}", soft_wrap=True)
 
 
 def find_apps(specs: tuple[str, ...]) -> list[App]:
     """The apps of the modules given with -A (imported once; later calls find them again)."""
+    from jobq.app import App, default_app
+
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     apps: list[App] = []

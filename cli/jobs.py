@@ -27,16 +27,15 @@ from jobq.cli.common import (
     tenant_option,
 )
 from jobq.cli.common import table as new_table
-from jobq.cli.cron import dry_run_schedule
 from jobq.client import Client
-from jobq.cronpreview import MAX_FIRES
 from jobq.deployment import Deployment
 from jobq.errors import InvalidQuery
 from jobq.models import Job, JobKey, JobStatus, Priority, Run, RunState, ScheduleType, TaskTarget
 from jobq.ports import JobQuery
 from jobq.submission import JobSpec
 from jobq.views import event_resource, iso, job_resource, job_summary, run_resource, task_resource
-from jobq.wiring import init_store, render_store_definition
+
+PREVIEW_MAX_FIRES = 500  # jobq.cronpreview.MAX_FIRES, not imported here: it is slow to load
 
 # The option that sets each JobSpec field, for error messages.
 _FLAGS = {
@@ -120,7 +119,7 @@ def _json_arg(name: str, text: str | None, kind: type) -> Any:
 @click.option(
     "--next",
     "preview_count",
-    type=click.IntRange(1, MAX_FIRES),
+    type=click.IntRange(1, PREVIEW_MAX_FIRES),
     default=10,
     show_default=True,
     help="With --dry-run: how many fires to show.",
@@ -198,6 +197,8 @@ def schedule(
         names=_FLAGS,
     )
     if dry_run:
+        from jobq.cli.cron import dry_run_schedule
+
         dry_run_schedule(spec, load_settings(options), preview_count, as_json)
         return
     with deployment(load_settings(options)) as d:
@@ -615,6 +616,8 @@ def dlq_purge(run_ids: tuple[str, ...], purge_all: bool, **options: Any) -> None
 @backend_options
 def init(print_format: Literal["cloudformation", "terraform"] | None, **options: Any) -> None:
     """Create or upgrade the store's schema (PostgreSQL migrations; the DynamoDB table and indexes)."""
+    from jobq.wiring import init_store, render_store_definition
+
     settings = load_settings(options)
     if print_format is not None:
         console.print(render_store_definition(settings, print_format), end="")
