@@ -77,6 +77,9 @@ class Settings(BaseModel):
     # Webhook targets: private, loopback, link-local and metadata addresses are refused unless
     # a CIDR here allows them (`jobq dev` allows loopback so the examples work).
     webhook_allow_cidrs: tuple[str, ...] = ()
+    webhook_resolve_at_submit: bool = Field(
+        default=False, description="resolve and check a webhook's host when the job is submitted, not only at each call"
+    )
     webhook_max_headers: int = Field(default=20, ge=0, le=100)
     webhook_response_bytes: int = Field(default=4096, ge=0, le=1024 * 1024)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
 
@@ -57,6 +58,7 @@ log = logging.getLogger("jobq.api")
 
 _JOB_ID = JOB_ID_PATTERN.removeprefix("^").removesuffix("$")
 _TENANT = r"[A-Za-z0-9_.\-]{1,128}"  # as JobSpec.tenant_id
+_JOB_CURSOR = re.compile(rf"{_JOB_ID}\|{_TENANT}")  # what `GET /v1/jobs` returns as next_cursor
 _RUN_ID = f"(?:{_TENANT}/)?{_JOB_ID}:[0-9]{{1,19}}"  # Run.make_id: tenants other than `default` lead
 RUN_ID_PATTERN = f"^{_RUN_ID}$"
 HISTORY_LIMIT = 10_000  # events read per runs page; see docs/api.md on very long-lived cron jobs
@@ -218,7 +220,9 @@ def create_job(
     fingerprint = spec.fingerprint()  # of the request as sent, before the tenant is filled in
     settings = state.deployment.settings
     if isinstance(spec.target, WebhookTarget):
-        check_target(spec.target, state.policy, settings.webhook_max_headers)
+        check_target(
+            spec.target, state.policy, settings.webhook_max_headers, resolve=settings.webhook_resolve_at_submit
+        )
     client = Client(state.deployment, tenant_id=token.tenant_id)
     submitted = client.submit(
         spec,
@@ -268,6 +272,8 @@ def list_jobs(
     limit: Limit = 50,
 ) -> dict[str, Any]:
     """The tenant's jobs ordered by job id, filtered by status, priority and job name prefix."""
+    if cursor is not None and not _JOB_CURSOR.fullmatch(cursor):
+        raise ApiError(400, "invalid_cursor", "cursor is not a next_cursor this API returned", field="cursor")
     query = JobQuery(status=status, priority=priority, name_prefix=job_name_prefix, cursor=cursor, limit=limit)
     page = _paged(lambda: state.client(token.tenant_id).list(query))
     return {"items": [job_summary(j) for j in page.items], "next_cursor": page.next_cursor}
