@@ -208,8 +208,13 @@ def schedule(
             known = registry.names()  # loaded with -A: known here, whether or not a worker ran it yet
         submitted = client.submit(spec, idempotency_key=idempotency_key, known_tasks=known)
         view = client.get(submitted.job.key)
+        now_ms = d.clock.now_ms()
     for warning in submitted.warnings:
         err_console.print(f"warning: {warning}")
+    at_ms = view.job.schedule.at_ms
+    if at and submitted.created and at_ms is not None and now_ms - at_ms >= 1000:
+        late = _duration_text((now_ms - at_ms) / 1000)
+        err_console.print(f"warning: --at is {late} in the past (within the catch-up window): it fires now")
     if as_json:
         print_json(job_resource(view))
         return
@@ -645,6 +650,18 @@ def _tasks_of(d: Deployment, runs: list[Run]) -> dict[str, str]:
         if job is not None:
             out[r.run_id] = job.target.task if isinstance(job.target, TaskTarget) else job.target.endpoint
     return out
+
+
+def _duration_text(seconds: float) -> str:
+    """`14 h 5 min`, `3 min 20 s`, `42 s`: rounded to what a person reads."""
+    whole = round(seconds)
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours} h {minutes} min" if minutes else f"{hours} h"
+    if minutes:
+        return f"{minutes} min {secs} s" if secs else f"{minutes} min"
+    return f"{secs} s"
 
 
 def _iso(ms: int | None) -> str:

@@ -270,3 +270,35 @@ def test_history_records_each_outcome_under_the_attempt_and_fence_that_ran(faili
     started = {e.attempt: e.fence for e in events if e.kind == "STARTED"}
     outcomes = [(e.kind, e.attempt, e.fence) for e in events if e.kind != "STARTED"]
     assert outcomes == [("RETRYING", 1, started[1]), ("FAILED", 2, started[2])]
+
+
+def test_restarting_the_quickstart_on_the_same_database_adds_no_duplicate_jobs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent))  # as `jobq dev -A` does
+    from examples import quickstart
+    from jobq.ports import JobQuery
+    from jobq.settings import Settings
+    from jobq.wiring import connect
+
+    d = connect(Settings.load({"store": f"sqlite:///{tmp_path / 'jobq.db'}", "history_flush_s": 0}, env={}))
+    try:
+        quickstart.app.use(d)
+        quickstart.seed(quickstart.app)
+        first = sorted(j.job_id for j in quickstart.app.client.list(JobQuery(limit=100)).items)
+        quickstart.seed(quickstart.app)  # `jobq dev` started again
+        assert sorted(j.job_id for j in quickstart.app.client.list(JobQuery(limit=100)).items) == first
+        assert len(first) == 5
+    finally:
+        d.close()
+
+
+def test_an_at_in_the_past_within_the_catch_up_window_warns_that_it_fires_now(run: Run, h: Harness) -> None:
+    from jobq.instants import to_iso
+
+    past = to_iso(SYSTEM_CLOCK.now_ms() - 14 * 3_600_000)
+    result = run("schedule", "t.echo", "--at", past)
+    assert result.exit_code == 0, result.output
+    assert "warning: --at is 14 h in the past (within the catch-up window): it fires now" in result.output
+    future = run("schedule", "t.echo", "--at", to_iso(SYSTEM_CLOCK.now_ms() + 3_600_000))
+    assert "warning" not in future.output
