@@ -261,7 +261,7 @@ def list_tasks(token: Principal, state: State) -> dict[str, Any]:
     return {"items": [task_resource(info) for _, info in sorted(catalogue.items())]}
 
 
-@router.get("/v1/jobs", response_model=JobPage, summary="List jobs")
+@router.get("/v1/jobs", response_model=JobPage, responses=_errors(400), summary="List jobs")
 def list_jobs(
     token: Principal,
     state: State,
