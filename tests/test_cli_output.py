@@ -46,6 +46,12 @@ def test_every_rich_console_and_text_column_of_the_cli_reads_no_markup() -> None
     assert offenders == []
 
 
+def test_no_cli_module_escapes_markup_for_consoles_that_read_none() -> None:
+    """`rich.markup.escape` on text printed without markup would show its backslashes."""
+    users = [p.name for p in sorted((REPO / "cli").glob("*.py")) if "rich.markup" in p.read_text()]
+    assert users == []
+
+
 def _unused_deployment() -> Deployment:
     """dev_api gives up before it touches the deployment when the API cannot be imported."""
     return object()  # type: ignore[return-value]
