@@ -17,6 +17,7 @@ from __future__ import annotations
 import builtins
 import dataclasses
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -60,6 +61,12 @@ from jobq.submission import (
 )
 
 _OPEN = frozenset(RunState) - TERMINAL_STATES
+# The task catalogue as last read, per store, and until when (clock ms) it serves submissions: the
+# API builds a Client per request, so the cache lives beside the store. A task missing from it is
+# read again at once, so a worker's first publication applies to the next submission; a changed
+# declaration applies within CATALOGUE_TTL_MS.
+_CATALOGUES: weakref.WeakKeyDictionary[object, tuple[int, dict[str, TaskInfo]]] = weakref.WeakKeyDictionary()
+CATALOGUE_TTL_MS = 1000
 _SUBMITTER = "submitter"  # the lease owner of a run dispatched at submission
 
 #: How callers name a job: its key, or a job id (in the client's tenant) or `TENANT/JOB_ID`.
@@ -129,7 +136,7 @@ class Client:
         warnings: tuple[str, ...] = ()
         if isinstance(spec.target, TaskTarget):
             task = spec.target.task
-            catalogue = self.declared([task])
+            catalogue = self._catalogue(task)
             spec = with_declared(spec, catalogue.get(task))
             warnings = self._unserved(task, catalogue, known_tasks)
         now = self.clock.now_ms()
@@ -161,6 +168,15 @@ class Client:
                 self._publish(job, [r for r in runs if r.state is RunState.DISPATCHED])
                 return Submitted(job, True, response, tuple(fires), warnings)
             return Submitted(result.job, False, result.response, tuple(preview(result.job, now)), warnings)
+
+    def _catalogue(self, task: str) -> dict[str, TaskInfo]:
+        now = self.clock.now_ms()
+        cached = _CATALOGUES.get(self.store)
+        if cached is not None and cached[0] > now and task in cached[1]:
+            return cached[1]
+        catalogue = self.store.task_catalogue()  # all of it: tasks are few, and the next name is likely here
+        _CATALOGUES[self.store] = (now + CATALOGUE_TTL_MS, catalogue)
+        return catalogue
 
     def declared(self, tasks: Sequence[str] | None = None) -> dict[str, TaskInfo]:
         """The task catalogue: each task's declaration as the workers that serve it published it

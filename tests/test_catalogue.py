@@ -108,3 +108,17 @@ def test_the_client_refuses_an_unserved_task_under_the_refuse_setting(tmp_path: 
             harness.client.submit({"schedule_type": "IMMEDIATE", "target": {"type": "TASK", "task": "billing.refund"}})
     finally:
         harness.close()
+
+
+def test_a_new_declaration_applies_to_the_next_submission_and_a_changed_one_within_a_second(h: Harness) -> None:
+    from jobq.models import TaskInfo
+
+    target = {"schedule_type": "IMMEDIATE", "target": {"type": "TASK", "task": "billing.refund"}}
+    h.client.submit({"schedule_type": "IMMEDIATE", "target": {"type": "TASK", "task": "billing.invoice"}})  # cached
+    h.d.store.publish_tasks([TaskInfo(name="billing.refund", priority=Priority.LOW, published_ms=h.clock.now_ms())])
+    assert h.client.submit(target).job.priority is Priority.LOW  # not in the cache: read at once
+    h.d.store.publish_tasks(
+        [TaskInfo(name="billing.refund", priority=Priority.CRITICAL, published_ms=h.clock.now_ms())]
+    )
+    h.advance(1.001)
+    assert h.client.submit(target).job.priority is Priority.CRITICAL
