@@ -32,7 +32,6 @@ from jobq.deployment import Deployment
 from jobq.errors import InvalidQuery
 from jobq.models import Job, JobKey, JobStatus, Priority, Run, RunState, ScheduleType, TaskTarget
 from jobq.ports import JobQuery
-from jobq.submission import JobSpec
 from jobq.views import event_resource, iso, job_resource, job_summary, run_resource, task_resource
 
 PREVIEW_MAX_FIRES = 500  # jobq.cronpreview.MAX_FIRES, not imported here: it is slow to load
@@ -160,6 +159,8 @@ def schedule(
     kind = ScheduleType.CRON if cron else ScheduleType.ONE_OFF if (at or in_) else ScheduleType.IMMEDIATE
     _app, registry = load_apps(apps) if apps else (None, None)
     local = registry.get(task) if registry is not None else None
+    from jobq.submission import JobSpec
+
     # Raw values only: JobSpec.parse validates every one of them, the task's own retry policy
     # included (a copy of it made with updates would skip that check). What neither a flag nor a
     # task loaded with -A sets is left out, so the task's published declaration applies.

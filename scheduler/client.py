@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
+import functools
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jobq import tracing
 from jobq.bounds import text_problem
@@ -47,18 +48,9 @@ from jobq.models import (
 )
 from jobq.ports import IndexEntry, JobQuery, Page, RunQuery
 from jobq.results import ResultState, RunResult, read_result
-from jobq.submission import (
-    JobSpec,
-    Limits,
-    build_job,
-    check_idempotency_key,
-    materialise,
-    new_run,
-    preview,
-    resume_fire,
-    unknown_task_message,
-    with_declared,
-)
+
+if TYPE_CHECKING:
+    from jobq.submission import JobSpec, Limits
 
 _OPEN = frozenset(RunState) - TERMINAL_STATES
 # The task catalogue as last read, per store, and until when (clock ms) it serves submissions: the
@@ -95,8 +87,15 @@ class Client:
         self.d = deployment
         self.store = deployment.store
         self.clock: Clock = deployment.clock
-        self.limits = Limits.from_settings(deployment.settings)
         self.tenant_id = tenant_id  # when set, every call is confined to this tenant
+
+    @functools.cached_property
+    def limits(self) -> Limits:
+        """The submission limits of the deployment's settings, loaded on first use (a reading
+        command needs neither them nor the scheduling code behind them)."""
+        from jobq.submission import Limits
+
+        return Limits.from_settings(self.d.settings)
 
     # -- submitting -----------------------------------------------------------------------------
 
@@ -127,6 +126,8 @@ class Client:
         catalogue) wherever the spec sets none. A task no worker has published is refused
         (`UnknownTask`) when `known_tasks` is given and lacks it or the setting `unknown_tasks` is
         `refuse`; otherwise the job is stored and `Submitted.warnings` says it waits for a worker."""
+        from jobq.submission import JobSpec, build_job, check_idempotency_key, preview, with_declared
+
         spec = JobSpec.parse(spec, tenant_id=self.tenant_id)
         if self.tenant_id is not None and spec.tenant_id != self.tenant_id:
             raise InvalidJob(f"tenant_id {spec.tenant_id!r} is not this token's tenant", field="tenant_id")
@@ -186,6 +187,8 @@ class Client:
     def _unserved(self, task: str, catalogue: Mapping[str, TaskInfo], known_tasks: set[str] | None) -> tuple[str, ...]:
         """A warning when no worker has published or registered `task` (none when one has);
         raises `UnknownTask` under the setting `unknown_tasks = "refuse"`."""
+        from jobq.submission import unknown_task_message
+
         if known_tasks is not None or task in catalogue:
             return ()  # an explicit set is checked by build_job
         registered = self.store.known_tasks()
@@ -202,6 +205,8 @@ class Client:
         and fan-outs. Every spec is parsed and validated first, so one bad spec writes nothing
         (`InvalidJob` naming its index). Tasks' declared options apply as in `submit` (one catalogue
         read for the batch). Returns the jobs created."""
+        from jobq.submission import JobSpec, build_job, with_declared
+
         now = self.clock.now_ms()
         items: builtins.list[tuple[Job, builtins.list[Run]]] = []
         catalogue: dict[str, TaskInfo] | None = None
@@ -300,6 +305,8 @@ class Client:
         return found
 
     def get(self, job: JobRef) -> JobView:
+        from jobq.submission import preview
+
         found = self.job(job)
         key = found.key
         counts = {state.value: n for state, n in self.store.run_counts(key).items()}
@@ -455,6 +462,8 @@ class Client:
     def resume(self, job: JobRef) -> Job:
         """Create runs again. Recurring fires that fell in the pause are skipped; a one-off fires now.
         A quarantined job is resumed the same way once its record decodes again."""
+        from jobq.submission import resume_fire
+
         now = self.clock.now_ms()
         current = self.job(job)
         key = current.key
@@ -498,6 +507,8 @@ class Client:
     def trigger(self, job: JobRef) -> Run:
         """Run the job once now, outside its schedule (its policies and payload apply). The run
         never completes the job: a one-off still fires at its own time."""
+        from jobq.submission import new_run
+
         found = self.job(job)
         name = self._name(found)
         if found.corrupt is not None:
@@ -639,6 +650,8 @@ class Client:
         raise Conflict(f"job {str(job)!r}: its runs keep changing; try again")
 
     def _materialise(self, job: Job) -> Job:
+        from jobq.submission import materialise
+
         now = self.clock.now_ms()
         advanced, runs, _ = materialise(job, now, self.limits)
         if not runs:
