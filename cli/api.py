@@ -18,6 +18,7 @@ from jobq.cli.common import (
     load_settings,
     ms_to_text,
     print_json,
+    reader,
 )
 from jobq.cli.common import table as new_table
 from jobq.deployment import Deployment
@@ -104,7 +105,7 @@ def list_tokens(tenant_id: str | None, as_json: bool, **options: Any) -> None:
     """List tokens (ids, tenants, names; never the secrets), oldest first."""
     from jobq.api.tokens import tenant_store
 
-    with deployment(load_settings(options)) as d:
+    with reader(load_settings(options)) as d:
         found = tenant_store(d).list_tokens(tenant_id)
     rows = [
         {

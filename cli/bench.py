@@ -48,7 +48,7 @@ def bench(
     with (
         deployment(load_settings(options)) as d,
         Progress(
-            TextColumn("{task.description}"),
+            TextColumn("{task.description}", markup=False),
             BarColumn(),
             MofNCompleteColumn(),
             TimeElapsedColumn(),

@@ -9,30 +9,33 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
-from pydantic import ValidationError
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
-from jobq.app import App, default_app
-from jobq.deployment import Deployment
 from jobq.errors import JobqError
-from jobq.models import DEFAULT_TENANT, JobKey
-from jobq.settings import Settings
-from jobq.tasks import TaskRegistry
-from jobq.wiring import connect
+
+if TYPE_CHECKING:  # imported where used, so `jobq --help` and light commands start fast
+    from pydantic import ValidationError
+
+    from jobq.app import App
+    from jobq.deployment import Deployment
+    from jobq.models import JobKey
+    from jobq.settings import Settings
+    from jobq.tasks import TaskRegistry
 
 F = TypeVar("F", bound=Callable[..., Any])
 EXIT_USAGE = 2
 SYNC_ATTEMPTS = 8  # about a minute and a half of backoff
 
 # Piped output (scripts, logs) gets whole values: rich would otherwise assume 80 columns.
-# Output is data (task names, error texts): never read as rich markup, so brackets print as they are.
+# Output is data (task names, error texts, hints such as `pip install 'jobq[api]'`): neither console
+# reads rich markup, so brackets print as they are; styles are given as `Text` styles instead.
 console = Console(highlight=False, markup=False, width=None if sys.stdout.isatty() else 240)
-err_console = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 240)
+err_console = Console(stderr=True, highlight=False, markup=False, width=None if sys.stderr.isatty() else 240)
 
 
 def table(*columns: str) -> Table:
@@ -43,9 +46,27 @@ def table(*columns: str) -> Table:
     return t
 
 
+def keep_whole(t: Table, column: int, values: list[str]) -> None:
+    """Never wrap this column (ids are copied with a double click): it is as wide as its longest
+    value, and the other columns fold to make room."""
+    c = t.columns[column]
+    c.no_wrap = True
+    c.min_width = max([len(v) for v in values] + [len(str(c.header))])
+
+
+def clip(text: str | None, limit: int) -> str:
+    """`text` on one line, cut at a word boundary before `limit` characters (with `…`)."""
+    flat = " ".join((text or "").split())
+    if len(flat) <= limit:
+        return flat
+    cut = flat[: limit - 1]
+    space = cut.rfind(" ")
+    return (cut[:space] if space > limit // 2 else cut).rstrip(" ,;:") + "…"
+
+
 def fail(message: str) -> NoReturn:
     """Print one line to stderr and exit 2: the CLI's only error path for bad input."""
-    err_console.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)  # messages may hold [brackets]
+    err_console.print(Text.assemble(("error:", "bold red"), " ", message), soft_wrap=True)
     raise SystemExit(EXIT_USAGE)
 
 
@@ -63,7 +84,11 @@ class JobqGroup(click.Group):
             return super().invoke(ctx)
         except JobqError as exc:
             fail(str(exc))
-        except ValidationError as exc:
+        except ValueError as exc:
+            from pydantic import ValidationError  # loaded already if it raised this
+
+            if not isinstance(exc, ValidationError):
+                raise
             fail(describe_validation(exc))
 
 
@@ -82,13 +107,29 @@ def backend_options(fn: F) -> F:
 
 
 def load_settings(overrides: dict[str, Any]) -> Settings:
+    from jobq.settings import Settings
+
     config_file = overrides.pop("config_file", None)
     return Settings.load(overrides, config_file=config_file)
 
 
 @contextmanager
 def deployment(settings: Settings) -> Iterator[Deployment]:
+    from jobq.wiring import connect
+
     d = connect(settings)
+    try:
+        yield d
+    finally:
+        d.close()
+
+
+@contextmanager
+def reader(settings: Settings, *, history: bool = False) -> Iterator[Deployment]:
+    """For read-only commands: only the store (and the history when asked), never created here."""
+    from jobq.wiring import connect_reader
+
+    d = connect_reader(settings, history=history)
     try:
         yield d
     finally:
@@ -106,13 +147,15 @@ def tenant_option(fn: F) -> F:
         "tenant_id",
         default=None,
         metavar="TENANT",
-        help=f"The job's tenant [{DEFAULT_TENANT}]. JOB_ID may also be given as TENANT/JOB_ID.",
+        help="The job's tenant [default]. JOB_ID may also be given as TENANT/JOB_ID.",
     )(fn)
 
 
 def job_key(ref: str, tenant_id: str | None) -> JobKey:
     """The job that JOB_ID names: `JOB_ID` in `--tenant` (default `default`), or `TENANT/JOB_ID`.
     Naming two different tenants (`a/job --tenant b`) is an error."""
+    from jobq.models import DEFAULT_TENANT, JobKey
+
     key = JobKey.parse(ref, tenant_id or DEFAULT_TENANT)
     if not key.tenant_id or not key.job_id:
         fail(f"{ref!r} is not a job id: use JOB_ID, or TENANT/JOB_ID")
@@ -130,6 +173,9 @@ def load_apps(specs: tuple[str, ...]) -> tuple[App, TaskRegistry]:
 
     The current directory is importable (as with `python -m`). Tasks registered with
     `@jobq.task` land on the default app. Returns the first app found and every task."""
+    from jobq.app import default_app
+    from jobq.tasks import TaskRegistry
+
     apps = find_apps(specs)
     registry = TaskRegistry()
     for app in apps:
@@ -150,14 +196,16 @@ def sync_schedules(specs: tuple[str, ...], d: Deployment) -> None:
             except JobqError as exc:
                 if not exc.retryable or attempt == SYNC_ATTEMPTS - 1:
                     raise
-                err_console.print(escape(f"warning: syncing periodic schedules: {exc}; trying again"), soft_wrap=True)
+                err_console.print(f"warning: syncing periodic schedules: {exc}; trying again", soft_wrap=True)
                 time.sleep(min(30.0, 0.5 * 2**attempt))
         if app.schedules or report.paused:
-            err_console.print(escape(f"periodic schedules of app {app.name}: {report.summary()}"), soft_wrap=True)
+            err_console.print(f"periodic schedules of app {app.name}: {report.summary()}", soft_wrap=True)
 
 
 def find_apps(specs: tuple[str, ...]) -> list[App]:
     """The apps of the modules given with -A (imported once; later calls find them again)."""
+    from jobq.app import App, default_app
+
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     apps: list[App] = []

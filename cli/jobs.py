@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from typing import Any, Literal
@@ -11,26 +12,29 @@ from rich.table import Table
 
 from jobq.cli.common import (
     backend_options,
+    clip,
     console,
     deployment,
+    err_console,
     fail,
     job_key,
     json_option,
+    keep_whole,
     load_apps,
     load_settings,
     print_json,
+    reader,
     tenant_option,
 )
 from jobq.cli.common import table as new_table
-from jobq.cli.cron import dry_run_schedule
 from jobq.client import Client
-from jobq.cronpreview import MAX_FIRES
+from jobq.deployment import Deployment
 from jobq.errors import InvalidQuery
-from jobq.models import JobStatus, Priority, ScheduleType
+from jobq.models import Job, JobKey, JobStatus, Priority, Run, RunState, ScheduleType, TaskTarget
 from jobq.ports import JobQuery
-from jobq.submission import JobSpec
-from jobq.views import event_resource, iso, job_resource, job_summary, run_resource
-from jobq.wiring import init_store, render_store_definition
+from jobq.views import event_resource, iso, job_resource, job_summary, run_resource, task_resource
+
+PREVIEW_MAX_FIRES = 500  # jobq.cronpreview.MAX_FIRES, not imported here: it is slow to load
 
 # The option that sets each JobSpec field, for error messages.
 _FLAGS = {
@@ -114,7 +118,7 @@ def _json_arg(name: str, text: str | None, kind: type) -> Any:
 @click.option(
     "--next",
     "preview_count",
-    type=click.IntRange(1, MAX_FIRES),
+    type=click.IntRange(1, PREVIEW_MAX_FIRES),
     default=10,
     show_default=True,
     help="With --dry-run: how many fires to show.",
@@ -155,13 +159,22 @@ def schedule(
     kind = ScheduleType.CRON if cron else ScheduleType.ONE_OFF if (at or in_) else ScheduleType.IMMEDIATE
     _app, registry = load_apps(apps) if apps else (None, None)
     local = registry.get(task) if registry is not None else None
+    from jobq.submission import JobSpec
+
     # Raw values only: JobSpec.parse validates every one of them, the task's own retry policy
-    # included (a copy of it made with updates would skip that check).
-    retry: dict[str, Any] = local.retry.model_dump() if local is not None and local.retry is not None else {}
+    # included (a copy of it made with updates would skip that check). What neither a flag nor a
+    # task loaded with -A sets is left out, so the task's published declaration applies.
+    retry: dict[str, Any] | None = local.retry.model_dump() if local is not None and local.retry is not None else None
     if max_retries is not None:
-        retry["max_retries"] = max_retries
+        retry = {**(retry or {}), "max_retries": max_retries}
+    declared = {
+        "priority": priority or (local.priority if local else None),
+        "retry_policy": retry,
+        "timeout_seconds": timeout_s if timeout_s is not None else (local.timeout_s if local else None),
+    }
     spec = JobSpec.parse(
         {
+            **{name: value for name, value in declared.items() if value is not None},
             "tenant_id": tenant_id,
             "job_id": job_id,
             "job_name": name,
@@ -170,31 +183,39 @@ def schedule(
             "timezone": timezone,
             "run_at": at,
             "delay_seconds": parse_duration(in_) if in_ else None,
-            "priority": priority or (local.priority if local else Priority.DEFAULT),
             "target": {"type": "TASK", "task": task},
             "payload": {
                 "args": _json_arg("--args", args_json, list),
                 "kwargs": _json_arg("--kwargs", kwargs_json, dict),
             },
-            "retry_policy": retry,
             "misfire_policy": misfire,
             "catchup_window_seconds": catchup_s,
             "overlap_policy": overlap,
             "jitter_seconds": jitter_s,
             "dst_gap": dst_gap,
             "dst_overlap": dst_overlap,
-            "timeout_seconds": timeout_s if timeout_s is not None else (local.timeout_s if local else None),
         },
         names=_FLAGS,
     )
     if dry_run:
+        from jobq.cli.cron import dry_run_schedule
+
         dry_run_schedule(spec, load_settings(options), preview_count, as_json)
         return
     with deployment(load_settings(options)) as d:
         client = Client(d)
-        known = d.store.known_tasks() | (registry.names() if registry is not None else set())
+        known = None
+        if registry is not None and task in registry.names():
+            known = registry.names()  # loaded with -A: known here, whether or not a worker ran it yet
         submitted = client.submit(spec, idempotency_key=idempotency_key, known_tasks=known)
         view = client.get(submitted.job.key)
+        now_ms = d.clock.now_ms()
+    for warning in submitted.warnings:
+        err_console.print(f"warning: {warning}")
+    at_ms = view.job.schedule.at_ms
+    if at and submitted.created and at_ms is not None and now_ms - at_ms >= 1000:
+        late = _duration_text((now_ms - at_ms) / 1000)
+        err_console.print(f"warning: --at is {late} in the past (within the catch-up window): it fires now")
     if as_json:
         print_json(job_resource(view))
         return
@@ -204,112 +225,209 @@ def schedule(
         console.print(f"  next: {_iso(ms)}")
 
 
+@click.command("tasks")
+@json_option
+@backend_options
+def tasks(as_json: bool, **options: Any) -> None:
+    """List the task catalogue: every task a worker has published, with the options a submission
+    by name gets unless it sets them (priority and queue, retries, timeout) and its parameters."""
+    with reader(load_settings(options)) as d:
+        catalogue = Client(d).declared()
+    rows = [task_resource(info) for _, info in sorted(catalogue.items())]
+    if as_json:
+        print_json(rows)
+        return
+    if not rows:
+        console.print("no tasks published yet: a worker publishes the tasks it serves when it starts")
+        return
+    out = new_table("task", "priority", "queue", "retries", "timeout", "parameters", "published by")
+    for row in rows:
+        retry = row["retry_policy"]
+        out.add_row(
+            row["name"],
+            row["priority"],
+            row["queue"],
+            "-" if retry is None else str(retry["max_retries"]),
+            "-" if row["timeout_seconds"] is None else f"{row['timeout_seconds']:g} s",
+            ", ".join(row["parameters"]) or "-",
+            f"{row['published_by']} at {row['published_at']}",
+        )
+    console.print(out)
+
+
 @click.command()
 @click.argument("job_id", required=False)
 @tenant_option
 @json_option
 @backend_options
 def status(job_id: str | None, tenant_id: str | None, as_json: bool, **options: Any) -> None:
-    """Show a job: its schedule, current run, lease, fence and counts of runs by state. Without
-    JOB_ID: the deployment at a glance (daemons alive, backlog, due runs, runs per state, dead
-    letters, last errors), with a warning when delayed and cron jobs cannot run."""
+    """Show a job: its status, schedule, current run (lease, fence, attempt), last run, last
+    success, last error, and counts of runs by state. Without JOB_ID: the deployment at a glance
+    (daemons alive, backlog, due runs, runs per state, dead letters, last errors), with a warning
+    when delayed and cron jobs cannot run."""
     if job_id is None:
         from jobq.cli.observe import show_deployment
 
         show_deployment(as_json, options)
         return
     key = job_key(job_id, tenant_id)
-    with deployment(load_settings(options)) as d:
-        view = Client(d).get(key)
+    with reader(load_settings(options)) as d:
+        client = Client(d)
+        view = client.get(key)
+        recent = client.runs(key, limit=_STATUS_RUNS).items
+        outcome = client.outcomes([view.job]).get(view.job.key)
     resource = job_resource(view)
+    last = next((r for r in recent if r.started_ms is not None or r.state.terminal), None)
+    success = next((r for r in recent if r.state is RunState.SUCCEEDED), None)
+    failed = next((r for r in recent if r.last_error), None)
     if as_json:
         print_json(resource)
         return
     table = Table(show_header=False, box=None)
-    for name in (
-        "job_id",
-        "tenant_id",
-        "job_name",
-        "job_status",
-        "status_reason",
-        "corrupt",
-        "status",
-        "schedule_type",
-        "cron_expression",
-        "cron_source",
-        "timezone",
-        "priority",
-        "current_attempt",
-        "fencing_token",
-        "current_lease_worker_id",
-        "last_heartbeat_at",
-        "next_run_time_iso",
-        "created_at",
-    ):
-        if resource.get(name) is not None and not (
-            name == "cron_source" and resource[name] == resource["cron_expression"]
-        ):
-            table.add_row(name, str(resource[name]))
+    rows: list[tuple[str, Any]] = [
+        ("job_id", resource["job_id"]),
+        ("tenant_id", resource["tenant_id"]),
+        ("job_name", resource["job_name"]),
+        ("status", outcome or view.job.status.value),
+        ("status_reason", resource.get("status_reason")),
+        ("corrupt", resource.get("corrupt")),
+        ("task", resource.get("task")),
+        ("schedule_type", resource["schedule_type"]),
+        ("cron_expression", resource.get("cron_expression")),
+        (
+            "cron_source",
+            None if resource.get("cron_source") == resource.get("cron_expression") else resource["cron_source"],
+        ),
+        ("timezone", resource["timezone"]),
+        ("priority", resource["priority"]),
+    ]
     run = view.current_run
-    if run is not None and run.last_error:
-        table.add_row("last_error", run.last_error)
-    table.add_row("runs", ", ".join(f"{k}={v}" for k, v in sorted(view.counts.items())) or "none yet")
+    if run is not None:
+        rows.append(("current run", f"{run.run_id} {run.state.value} attempt {run.attempt} fence {run.fence}"))
+    if run is not None and not run.state.terminal:
+        rows.append(("lease", f"{run.lease_owner} until {_iso(run.lease_expires_ms)}" if run.lease_owner else None))
+        rows.append(("last_heartbeat_at", resource.get("last_heartbeat_at")))
+    rows += [
+        (
+            "last run",
+            None if last is None else f"{last.run_id} {last.state.value} {_iso(last.finished_ms or last.nominal_ms)}",
+        ),
+        ("last success", None if success is None else f"{_iso(success.finished_ms)} ({success.run_id})"),
+        ("last error", None if failed is None else f"{failed.last_error} ({failed.run_id})"),
+        ("next_run_time", resource.get("next_run_time_iso")),
+        ("created_at", resource.get("created_at")),
+        ("runs", ", ".join(f"{k}={v}" for k, v in sorted(view.counts.items())) or "none yet"),
+    ]
     if len(view.next_fire_times) > 1:
-        table.add_row("next fires", ", ".join(_iso(ms) for ms in view.next_fire_times))
+        rows.append(("next fires", ", ".join(_iso(ms) for ms in view.next_fire_times)))
+    for name, value in rows:
+        if value is not None:
+            table.add_row(name, str(value))
     console.print(table)
 
 
+_STATUS_RUNS = 100  # runs `jobq status` looks through for the last success and the last error
+_STATUSES = [*(s.value for s in JobStatus), "FAILED"]
+_LIST_SCAN = 100_000  # jobs `jobq list` reads at most to find the newest; narrow with filters beyond
+
+
 @click.command(name="list")
-@click.option("--status", "status_", type=click.Choice([s.value for s in JobStatus], case_sensitive=False))
+@click.option("--status", "status_", type=click.Choice([*_STATUSES], case_sensitive=False), help="Only this status.")
+@click.option("--task", default=None, help="Only jobs of this task.")
+@click.option("--name", "name_prefix", default=None, help="Only jobs whose name starts with this.")
+@click.option("--name-prefix", "name_prefix", default=None, hidden=True)
 @click.option("--priority", type=click.Choice([p.value for p in Priority], case_sensitive=False))
-@click.option("--name-prefix", default=None)
 @click.option("--tenant", "tenant_id", default=None)
 @click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True)
-@click.option("--cursor", default=None, help="Continue from a previous page.")
+@click.option("--cursor", default=None, help="Page in job id order from a previous --json page (for scripts).")
 @json_option
 @backend_options
 def list_jobs(
     status_: str | None,
-    priority: str | None,
+    task: str | None,
     name_prefix: str | None,
+    priority: str | None,
     tenant_id: str | None,
     limit: int,
     cursor: str | None,
     as_json: bool,
     **options: Any,
 ) -> None:
-    """List jobs (newest ids last), filtered by status, priority or name prefix."""
+    """List jobs, newest first, filtered by status, task, name prefix or priority.
+
+    A one-off whose run was dead-lettered is FAILED (its job record says COMPLETED). With
+    --cursor, pages follow job id order instead, as `--json` pages do."""
+    wanted = status_.upper() if status_ else None
+    stored = None if wanted in (None, "FAILED") else JobStatus(wanted)
     try:
         query = JobQuery(
             tenant_id=tenant_id,
-            status=JobStatus(status_.upper()) if status_ else None,
+            status=JobStatus.COMPLETED if wanted == "FAILED" else stored,
             priority=Priority.parse(priority) if priority else None,
             name_prefix=name_prefix,
             cursor=cursor,
-            limit=limit,
+            limit=1000 if cursor is None else limit,
         )
     except InvalidQuery as exc:
-        flag = {"tenant_id": "--tenant", "name_prefix": "--name-prefix", "cursor": "--cursor"}.get(exc.field or "")
+        flag = {"tenant_id": "--tenant", "name_prefix": "--name", "cursor": "--cursor"}.get(exc.field or "")
         fail(f"{flag} {exc.message.removeprefix(exc.field or '').strip()}" if flag else exc.message)
-    with deployment(load_settings(options)) as d:
-        page = Client(d).list(query)
+    with reader(load_settings(options)) as d:
+        client = Client(d)
+        found, next_cursor, truncated = _matching(client, query, task, wanted, limit)
+        outcomes = client.outcomes(found)
     if as_json:
-        print_json({"jobs": [job_summary(j) for j in page.items], "next_cursor": page.next_cursor})
+        jobs = [{**job_summary(j), "status": outcomes.get(j.key, j.status.value)} for j in found]
+        print_json({"jobs": jobs, "next_cursor": next_cursor})
         return
-    table = new_table("job_id", "tenant", "name", "status", "type", "schedule", "priority")
-    for job in page.items:
+    if not found:
+        console.print("no jobs" + (" match" if any((wanted, task, name_prefix, priority, tenant_id)) else ""))
+        return
+    table = new_table("job_id", "tenant", "name", "status", "type", "schedule", "priority", "created")
+    for job in found:
+        shown = outcomes.get(job.key, job.status.value)
         table.add_row(
             job.job_id,
             job.tenant_id,
             job.name,
-            job.status.value if job.corrupt is None else f"{job.status.value} (corrupt: {job.corrupt})",
+            shown if job.corrupt is None else f"{shown} (corrupt: {job.corrupt})",
             job.schedule.type.value,
             job.schedule.cron or _iso(job.schedule.at_ms),
             job.priority.value,
+            _iso(job.created_ms),
         )
     console.print(table)
-    if page.next_cursor:
-        console.print(f"more: --cursor {page.next_cursor}")
+    if next_cursor:
+        console.print(f"more: --cursor {next_cursor}")
+    if truncated:
+        console.print(f"(the newest among the first {_LIST_SCAN} matching jobs: narrow with --status, --task, --name)")
+
+
+def _matching(
+    client: Client, query: JobQuery, task: str | None, wanted: str | None, limit: int
+) -> tuple[list[Job], str | None, bool]:
+    """The jobs to list: with a cursor, that page in id order; otherwise the newest `limit` of every
+    match (read page by page), newest first. Returns (jobs, next cursor, scan cut short)."""
+
+    def keep(job: Job, outcome: dict[JobKey, str]) -> bool:
+        if task is not None and (not isinstance(job.target, TaskTarget) or job.target.task != task):
+            return False
+        return wanted is None or outcome.get(job.key, job.status.value) == wanted
+
+    if query.cursor is not None:
+        page = client.list(query)
+        outcome = client.outcomes(page.items) if wanted in ("FAILED", "COMPLETED") else {}
+        return [j for j in page.items if keep(j, outcome)], page.next_cursor, False
+    found: list[Job] = []
+    seen, cursor = 0, None
+    while True:
+        page = client.list(dataclasses.replace(query, cursor=cursor))
+        seen += len(page.items)
+        outcome = client.outcomes(page.items) if wanted in ("FAILED", "COMPLETED") else {}
+        found += [j for j in page.items if keep(j, outcome)]
+        found = sorted(found, key=lambda j: (j.created_ms, j.job_id), reverse=True)[:limit]
+        cursor = page.next_cursor
+        if cursor is None or seen >= _LIST_SCAN:
+            return found, None, cursor is not None
 
 
 @click.command()
@@ -321,7 +439,7 @@ def list_jobs(
 def runs(job_id: str, tenant_id: str | None, limit: int, as_json: bool, **options: Any) -> None:
     """List a job's runs, newest first."""
     key = job_key(job_id, tenant_id)
-    with deployment(load_settings(options)) as d:
+    with reader(load_settings(options)) as d:
         page = Client(d).runs(key, limit=limit)
     if as_json:
         print_json({"runs": [run_resource(r) for r in page.items], "next_cursor": page.next_cursor})
@@ -335,7 +453,7 @@ def runs(job_id: str, tenant_id: str | None, limit: int, as_json: bool, **option
             str(r.fence),
             _iso(r.nominal_ms),
             _iso(r.finished_ms),
-            (r.last_error or "")[:60] if r.corrupt is None else f"corrupt: {r.corrupt}"[:60],
+            clip(r.last_error, 60) if r.corrupt is None else clip(f"corrupt: {r.corrupt}", 60),
         )
     console.print(table)
 
@@ -348,7 +466,7 @@ def runs(job_id: str, tenant_id: str | None, limit: int, as_json: bool, **option
 def history(job_id: str, tenant_id: str | None, as_json: bool, **options: Any) -> None:
     """Show every attempt's start and outcome for a job, oldest first."""
     key = job_key(job_id, tenant_id)
-    with deployment(load_settings(options)) as d:
+    with reader(load_settings(options), history=True) as d:
         events = Client(d).history(key)
     if as_json:
         print_json({"events": [event_resource(e) for e in events]})
@@ -363,7 +481,7 @@ def history(job_id: str, tenant_id: str | None, as_json: bool, **options: Any) -
             e.kind,
             e.worker or "",
             str(e.duration_ms or ""),
-            (e.error or "")[:60],
+            clip(e.error, 60),
         )
     console.print(table)
 
@@ -376,19 +494,27 @@ def _action(name: str, verb: str, help_text: str) -> click.Command:
     @backend_options
     def command(job_id: str, tenant_id: str | None, as_json: bool, **options: Any) -> None:
         key = job_key(job_id, tenant_id)
+        target = _ENDS.get(name)
         with deployment(load_settings(options)) as d:
             client = Client(d)
-            result = getattr(client, name)(key)
+            already = target is not None and client.job(key).status is target
+            # Asking again for the state a job is in succeeds and says so. A cancel still runs: it
+            # finishes what an interrupted cancel left (runs not yet ended).
+            result = None if already and name != "cancel" else getattr(client, name)(key)
             view = client.get(key)
         if as_json:
             print_json(job_resource(view))
             return
-        extra = f" as run {result.run_id}" if name == "trigger" else ""
+        if already:
+            console.print(f"{key} was already {verb if name != 'resume' else 'active'}: job {view.job.status.value}")
+            return
+        extra = f" as run {result.run_id}" if name == "trigger" and result is not None else ""
         console.print(f"{verb} {key}{extra}: job {view.job.status.value}")
 
     return command
 
 
+_ENDS = {"cancel": JobStatus.CANCELLED, "pause": JobStatus.PAUSED, "resume": JobStatus.ACTIVE}
 cancel = _action("cancel", "cancelled", "Cancel a job and its unfinished runs (a running task sees lease_lost).")
 pause = _action("pause", "paused", "Stop creating runs; runs not yet started wait until resume.")
 resume = _action("resume", "resumed", "Create runs again (recurring fires during the pause are skipped).")
@@ -407,14 +533,21 @@ def dlq() -> None:
 @backend_options
 def dlq_list(limit: int, cursor: str | None, as_json: bool, **options: Any) -> None:
     """List dead-lettered runs, newest first."""
-    with deployment(load_settings(options)) as d:
+    with reader(load_settings(options)) as d:
         page = Client(d).dead_letters(cursor=cursor, limit=limit)
+        tasks = _tasks_of(d, page.items)
     if as_json:
-        print_json({"runs": [run_resource(r) for r in page.items], "next_cursor": page.next_cursor})
+        runs = [{**run_resource(r), "task": tasks.get(r.run_id)} for r in page.items]
+        print_json({"runs": runs, "next_cursor": page.next_cursor})
         return
-    table = new_table("run_id", "attempt", "failed", "error")
+    if not page.items:
+        console.print("no dead letters")
+        return
+    table = new_table("run_id", "task", "attempt", "failed", "error")
+    keep_whole(table, 0, [r.run_id for r in page.items])
+    keep_whole(table, 1, [tasks.get(r.run_id) or "-" for r in page.items])
     for r in page.items:
-        table.add_row(r.run_id, str(r.attempt), _iso(r.finished_ms), (r.last_error or "")[:80])
+        table.add_row(r.run_id, tasks.get(r.run_id) or "-", str(r.attempt), _iso(r.finished_ms), clip(r.last_error, 80))
     console.print(table)
     if page.next_cursor:
         console.print(f"more: --cursor {page.next_cursor}")
@@ -426,7 +559,7 @@ def dlq_list(limit: int, cursor: str | None, as_json: bool, **options: Any) -> N
 @backend_options
 def dlq_show(run_id: str, as_json: bool, **options: Any) -> None:
     """Show one dead-lettered run with its history."""
-    with deployment(load_settings(options)) as d:
+    with reader(load_settings(options), history=True) as d:
         client = Client(d)
         run = client.run(run_id)
         events = [e for e in client.history(run.job_key) if e.run_id == run_id]
@@ -444,15 +577,30 @@ def dlq_show(run_id: str, as_json: bool, **options: Any) -> None:
 
 
 @dlq.command(name="redrive")
-@click.argument("run_ids", nargs=-1, required=True)
+@click.argument("run_ids", nargs=-1)
+@click.option("--all", "redrive_all", is_flag=True, help="Redrive every dead-lettered run.")
+@click.option("--task", default=None, help="Redrive the dead-lettered runs of this task.")
 @backend_options
-def dlq_redrive(run_ids: tuple[str, ...], **options: Any) -> None:
-    """Schedule dead-lettered runs again now, as their next attempt."""
+def dlq_redrive(run_ids: tuple[str, ...], redrive_all: bool, task: str | None, **options: Any) -> None:
+    """Schedule dead-lettered runs again now, each as its next attempt with a fresh attempt budget
+    (its retry policy's max_retries + 1 attempts from there)."""
+    if sum((bool(run_ids), redrive_all, task is not None)) != 1:
+        fail("give RUN_IDs, --all or --task TASK")
     with deployment(load_settings(options)) as d:
         client = Client(d)
-        for run_id in run_ids:
+        if run_ids:
+            targets = list(run_ids)
+        else:
+            dead = _all_dead_letters(client)
+            tasks = _tasks_of(d, dead) if task is not None else {}
+            targets = [r.run_id for r in dead if task is None or tasks.get(r.run_id) == task]
+            if not targets:
+                console.print("no dead letters" + (f" of task {task}" if task else "") + " to redrive")
+                return
+        for run_id in targets:
             run = client.redrive(run_id)
-            console.print(f"redriven {run.run_id} as attempt {run.attempt}")
+            budget = run.attempt_base + (client.job(run.job_key).retry.max_attempts)
+            console.print(f"redriven {run.run_id} as attempt {run.attempt} (of up to {budget})")
 
 
 @dlq.command(name="purge")
@@ -481,11 +629,47 @@ def dlq_purge(run_ids: tuple[str, ...], purge_all: bool, **options: Any) -> None
 @backend_options
 def init(print_format: Literal["cloudformation", "terraform"] | None, **options: Any) -> None:
     """Create or upgrade the store's schema (PostgreSQL migrations; the DynamoDB table and indexes)."""
+    from jobq.wiring import init_store, render_store_definition
+
     settings = load_settings(options)
     if print_format is not None:
         console.print(render_store_definition(settings, print_format), end="")
         return
     console.print(init_store(settings))
+
+
+def _all_dead_letters(client: Client) -> list[Run]:
+    found: list[Run] = []
+    cursor = None
+    while True:
+        page = client.dead_letters(cursor=cursor, limit=500)
+        found += page.items
+        if page.next_cursor is None:
+            return found
+        cursor = page.next_cursor
+
+
+def _tasks_of(d: Deployment, runs: list[Run]) -> dict[str, str]:
+    """The task (or webhook endpoint) of each run's job, by run id: one batch read of the jobs."""
+    jobs = d.store.get_jobs(list({r.job_key for r in runs}))
+    out = {}
+    for r in runs:
+        job = jobs.get(r.job_key)
+        if job is not None:
+            out[r.run_id] = job.target.task if isinstance(job.target, TaskTarget) else job.target.endpoint
+    return out
+
+
+def _duration_text(seconds: float) -> str:
+    """`14 h 5 min`, `3 min 20 s`, `42 s`: rounded to what a person reads."""
+    whole = round(seconds)
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours} h {minutes} min" if minutes else f"{hours} h"
+    if minutes:
+        return f"{minutes} min {secs} s" if secs else f"{minutes} min"
+    return f"{secs} s"
 
 
 def _iso(ms: int | None) -> str:

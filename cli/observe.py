@@ -18,7 +18,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from jobq.cli.common import backend_options, console, deployment, json_option, load_settings, print_json
+from jobq.cli.common import backend_options, console, deployment, json_option, load_settings, print_json, reader
 from jobq.daemons.registrar import missing_roles_warning
 from jobq.instants import to_iso
 from jobq.models import PRIORITIES_BY_RANK, RunState
@@ -129,6 +129,8 @@ def status_renderables(overview: Overview, store: str) -> list[RenderableType]:
 def show_deployment(as_json: bool, options: dict[str, Any]) -> None:
     """`jobq status` without a job."""
     settings = load_settings(options)
+    with reader(settings):
+        pass  # a store that does not exist is refused here, and nothing is created
     with deployment(settings) as d:
         overview = take_overview(d, d.clock.now_ms(), dead_letters=RECENT_FAILURES)
     if as_json:
@@ -212,7 +214,7 @@ def _record_json(r: DaemonRecord, now_ms: int) -> dict[str, Any]:
 def workers(as_json: bool, **options: Any) -> None:
     """Every live daemon (from the daemon registry): what each worker runs now, its slots busy,
     free and lost, runs done and failed."""
-    with deployment(load_settings(options)) as d:
+    with reader(load_settings(options)) as d:
         now = d.clock.now_ms()
         daemons = d.registry.live_daemons(now)
     if as_json:
@@ -285,6 +287,8 @@ def top(interval: float, **options: Any) -> None:
     store = redact_url(settings.store_url)
     trends = Trends()
     screen = Console(highlight=False, markup=False)
+    with reader(settings):
+        pass  # a store that does not exist is refused here, and nothing is created
     with deployment(settings) as d, _keys() as fd:
 
         def frame() -> RenderableType:

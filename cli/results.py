@@ -12,9 +12,8 @@ import json
 from typing import Any
 
 import click
-from rich.markup import escape
 
-from jobq.cli.common import backend_options, deployment, err_console, json_option, load_settings, print_json
+from jobq.cli.common import backend_options, err_console, json_option, load_settings, print_json, reader
 from jobq.client import Client
 from jobq.errors import ResultTimeout
 from jobq.results import ResultState, RunResult
@@ -46,7 +45,7 @@ def result(run_id: str, wait_s: float, as_json: bool, **options: Any) -> None:
     """Print a run's result: the task's return value as JSON (exit 0), or why there is none: failed
     (1), cancelled (3), expired or not kept (4), not finished yet (5). RUN_ID is `JOB_ID:FIRE_MS`
     as `jobq runs` and `jobq status` show it (led by `TENANT/` for tenants other than `default`)."""
-    with deployment(load_settings(options)) as d:
+    with reader(load_settings(options)) as d:
         client = Client(d)
         try:
             found = client.wait_result(run_id, timeout_s=wait_s) if wait_s else client.run_result(run_id)
@@ -76,4 +75,4 @@ def _show(found: RunResult, state: str) -> None:
         message = f"not kept: {found.error}"
     else:
         message = f"not finished: the run is {state}"
-    err_console.print(escape(message), soft_wrap=True)
+    err_console.print(message, soft_wrap=True)

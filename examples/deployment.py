@@ -3,11 +3,13 @@
 Given backend URLs, it creates the schema (`jobq init`), starts one process per role (beat,
 scanner, reaper, and two workers, one of them serving only the CRITICAL and HIGH queues),
 submits the quickstart's jobs through the Python API, waits until they have run, prints what
-happened and stops every process.
+happened and stops every process. Then it removes what it created on the servers (the PostgreSQL
+schema, the Redis keys and the RabbitMQ queues under its name) unless JOBQ_EXAMPLE_KEEP=1.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -67,3 +69,43 @@ def run(urls: Mapping[str, str], title: str, timeout_s: float = 60.0) -> int:
             proc.send_signal(signal.SIGTERM)
         for proc in procs.values():
             proc.wait(timeout=60)
+        if os.environ.get("JOBQ_EXAMPLE_KEEP") != "1":
+            for what in clean_up(urls):
+                print(f"removed {what}")
+
+
+def clean_up(urls: Mapping[str, str]) -> list[str]:
+    """Remove what a deployment on these URLs created: a PostgreSQL store's schema, the keys under
+    a Redis index's or broker's prefix, a RabbitMQ broker's queues. Returns what was removed."""
+    from urllib.parse import parse_qs, urlsplit
+
+    removed = []
+    for role, url in urls.items():
+        parts = urlsplit(url)
+        query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+        if role == "store" and parts.scheme in ("postgresql", "postgres") and "schema" in query:
+            import psycopg
+
+            plain = url.split("?", 1)[0]
+            with psycopg.connect(plain, autocommit=True) as conn:
+                conn.execute(f'DROP SCHEMA IF EXISTS "{query["schema"]}" CASCADE')
+            removed.append(f"PostgreSQL schema {query['schema']}")
+        elif parts.scheme in ("redis", "rediss") and "prefix" in query:
+            import redis
+
+            client = redis.Redis.from_url(url.split("?", 1)[0])
+            keys = list(client.scan_iter(match=f"{query['prefix']}*", count=1000))
+            for start in range(0, len(keys), 500):
+                client.delete(*keys[start : start + 500])
+            client.close()
+            removed.append(f"{len(keys)} Redis keys under {query['prefix']} ({role})")
+        elif parts.scheme in ("amqp", "amqps") and "prefix" in query:
+            from kombu import Connection
+
+            with Connection(url.split("?", 1)[0]) as conn:
+                channel = conn.default_channel
+                for tier in ("critical", "high", "default", "low"):
+                    with contextlib.suppress(Exception):  # a queue never declared
+                        channel.queue_delete(f"{query['prefix']}-{tier}")
+            removed.append(f"RabbitMQ queues {query['prefix']}-*")
+    return removed

@@ -46,9 +46,11 @@ def broken() -> None:
 
 @app.on_dev_start
 def seed(app: App) -> None:
-    hello.delay("jobq")
-    hello.schedule(delay_s=5, kwargs={"name": "five seconds later"})
+    # Idempotency keys: restarting `jobq dev` on the same database (within the keys' 24 hours)
+    # finds these jobs already scheduled instead of adding another copy of each.
+    hello.schedule(args=("jobq",), idempotency_key="quickstart-hello")
+    hello.schedule(delay_s=5, kwargs={"name": "five seconds later"}, idempotency_key="quickstart-hello-5s")
     tick.schedule(cron="*/10 * * * * *", job_id="quickstart-tick", idempotency_key="quickstart-tick")
-    flaky.delay()
-    broken.delay()
+    flaky.schedule(idempotency_key="quickstart-flaky")
+    broken.schedule(idempotency_key="quickstart-broken")
     log.info("quickstart jobs scheduled; try `jobq dlq list` in a few seconds")

@@ -6,56 +6,120 @@ effectively-once under fenced leases, with retries, a dead-letter queue and an H
 
 from __future__ import annotations
 
-from jobq.app import App, JobHandle, Task, default_app, task
-from jobq.client import Client, JobView, Submitted
-from jobq.clock import Clock, ManualClock, SystemClock
-from jobq.deployment import Deployment
-from jobq.errors import (
-    ConfigError,
-    Conflict,
-    Fail,
-    IdempotencyConflict,
-    InvalidCron,
-    InvalidJob,
-    JobNotFound,
-    JobqError,
-    MissingExtra,
-    ResultError,
-    ResultExpired,
-    ResultNotKept,
-    ResultTimeout,
-    Retry,
-    ScheduleError,
-    SoftTimeLimitExceeded,
-    StoreError,
-    TaskCancelled,
-    TaskError,
-    TaskFailed,
-    TransportError,
-    UnknownTask,
-    UnknownTimezone,
-)
-from jobq.models import (
-    DstGap,
-    DstOverlap,
-    Job,
-    JobStatus,
-    MisfirePolicy,
-    OverlapPolicy,
-    Priority,
-    RetryPolicy,
-    Run,
-    RunState,
-    ScheduleType,
-    TaskTarget,
-    WebhookTarget,
-)
-from jobq.periodic import Periodic, SyncReport
-from jobq.results import ResultState, RunResult
-from jobq.schedules import CronSchedule, next_fire_times
-from jobq.settings import Settings
-from jobq.submission import JobSpec
-from jobq.tasks import TaskContext, current_context
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from jobq.app import App, JobHandle, Task, default_app, task
+    from jobq.client import Client, JobView, Submitted
+    from jobq.clock import Clock, ManualClock, SystemClock
+    from jobq.deployment import Deployment
+    from jobq.errors import (
+        ConfigError,
+        Conflict,
+        Fail,
+        IdempotencyConflict,
+        InvalidCron,
+        InvalidJob,
+        JobNotFound,
+        JobqError,
+        MissingExtra,
+        ResultError,
+        ResultExpired,
+        ResultNotKept,
+        ResultTimeout,
+        Retry,
+        ScheduleError,
+        SoftTimeLimitExceeded,
+        StoreError,
+        TaskCancelled,
+        TaskError,
+        TaskFailed,
+        TransportError,
+        UnknownTask,
+        UnknownTimezone,
+    )
+    from jobq.models import (
+        DstGap,
+        DstOverlap,
+        Job,
+        JobStatus,
+        MisfirePolicy,
+        OverlapPolicy,
+        Priority,
+        RetryPolicy,
+        Run,
+        RunState,
+        ScheduleType,
+        TaskTarget,
+        WebhookTarget,
+    )
+    from jobq.periodic import Periodic, SyncReport
+    from jobq.results import ResultState, RunResult
+    from jobq.schedules import CronSchedule, next_fire_times
+    from jobq.settings import Settings
+    from jobq.submission import JobSpec
+    from jobq.tasks import TaskContext, current_context
+
+# The public names are imported when first used (PEP 562), so `import jobq.cli` (every `jobq`
+# command) and `import jobq.daemons...` pay only for what they use: `jobq --help` stays fast.
+_LAZY: dict[str, str] = {
+    **dict.fromkeys(("App", "JobHandle", "Task", "default_app", "task"), "jobq.app"),
+    **dict.fromkeys(("Client", "JobView", "Submitted"), "jobq.client"),
+    **dict.fromkeys(("Clock", "ManualClock", "SystemClock"), "jobq.clock"),
+    **dict.fromkeys(("Deployment",), "jobq.deployment"),
+    **dict.fromkeys(
+        (
+            "ConfigError",
+            "Conflict",
+            "Fail",
+            "IdempotencyConflict",
+            "InvalidCron",
+            "InvalidJob",
+            "JobNotFound",
+            "JobqError",
+            "MissingExtra",
+            "ResultError",
+            "ResultExpired",
+            "ResultNotKept",
+            "ResultTimeout",
+            "Retry",
+            "ScheduleError",
+            "SoftTimeLimitExceeded",
+            "StoreError",
+            "TaskCancelled",
+            "TaskError",
+            "TaskFailed",
+            "TransportError",
+            "UnknownTask",
+            "UnknownTimezone",
+        ),
+        "jobq.errors",
+    ),
+    **dict.fromkeys(
+        (
+            "DstGap",
+            "DstOverlap",
+            "Job",
+            "JobStatus",
+            "MisfirePolicy",
+            "OverlapPolicy",
+            "Priority",
+            "RetryPolicy",
+            "Run",
+            "RunState",
+            "ScheduleType",
+            "TaskTarget",
+            "WebhookTarget",
+        ),
+        "jobq.models",
+    ),
+    **dict.fromkeys(("Periodic", "SyncReport"), "jobq.periodic"),
+    **dict.fromkeys(("ResultState", "RunResult"), "jobq.results"),
+    **dict.fromkeys(("CronSchedule", "next_fire_times"), "jobq.schedules"),
+    **dict.fromkeys(("Settings",), "jobq.settings"),
+    **dict.fromkeys(("JobSpec",), "jobq.submission"),
+    **dict.fromkeys(("TaskContext", "current_context"), "jobq.tasks"),
+}
 
 __version__ = "0.1.0"
 
@@ -137,4 +201,15 @@ def __getattr__(name: str) -> object:
         from jobq.wiring import connect
 
         return connect
-    raise AttributeError(f"module 'jobq' has no attribute {name!r}")
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'jobq' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -16,17 +16,19 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
+import functools
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jobq import tracing
 from jobq.bounds import text_problem
 from jobq.clock import Clock
 from jobq.codec import encode, envelope_for
 from jobq.deployment import Deployment
-from jobq.errors import Conflict, InvalidJob, JobNotFound, ResultTimeout, RunNotFound, TransportError
+from jobq.errors import Conflict, InvalidJob, JobNotFound, ResultTimeout, RunNotFound, TransportError, UnknownTask
 from jobq.models import (
     DEFAULT_TENANT,
     PAUSED,
@@ -40,22 +42,23 @@ from jobq.models import (
     RunEvent,
     RunState,
     ScheduleType,
+    TaskInfo,
+    TaskTarget,
     Transition,
 )
 from jobq.ports import IndexEntry, JobQuery, Page, RunQuery
 from jobq.results import ResultState, RunResult, read_result
-from jobq.submission import (
-    JobSpec,
-    Limits,
-    build_job,
-    check_idempotency_key,
-    materialise,
-    new_run,
-    preview,
-    resume_fire,
-)
+
+if TYPE_CHECKING:
+    from jobq.submission import JobSpec, Limits
 
 _OPEN = frozenset(RunState) - TERMINAL_STATES
+# The task catalogue as last read, per store, and until when (clock ms) it serves submissions: the
+# API builds a Client per request, so the cache lives beside the store. A task missing from it is
+# read again at once, so a worker's first publication applies to the next submission; a changed
+# declaration applies within CATALOGUE_TTL_MS.
+_CATALOGUES: weakref.WeakKeyDictionary[object, tuple[int, dict[str, TaskInfo]]] = weakref.WeakKeyDictionary()
+CATALOGUE_TTL_MS = 1000
 _SUBMITTER = "submitter"  # the lease owner of a run dispatched at submission
 
 #: How callers name a job: its key, or a job id (in the client's tenant) or `TENANT/JOB_ID`.
@@ -68,6 +71,7 @@ class Submitted:
     created: bool  # False when an Idempotency-Key replayed an earlier submission
     response: str | None = None  # the replayed response, verbatim
     next_fire_times: tuple[int, ...] = ()
+    warnings: tuple[str, ...] = ()  # e.g. a task no worker has served yet
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,8 +87,15 @@ class Client:
         self.d = deployment
         self.store = deployment.store
         self.clock: Clock = deployment.clock
-        self.limits = Limits.from_settings(deployment.settings)
         self.tenant_id = tenant_id  # when set, every call is confined to this tenant
+
+    @functools.cached_property
+    def limits(self) -> Limits:
+        """The submission limits of the deployment's settings, loaded on first use (a reading
+        command needs neither them nor the scheduling code behind them)."""
+        from jobq.submission import Limits
+
+        return Limits.from_settings(self.d.settings)
 
     # -- submitting -----------------------------------------------------------------------------
 
@@ -109,12 +120,26 @@ class Client:
         (`jobq.periodic`). `trace` is the submitter's W3C traceparent when it is not the current
         span's (the API passes its request's); the job and its runs keep the trace of the
         `jobq.submit` span made here. Raises `InvalidJob` (nothing written), `IdempotencyConflict`,
-        `DuplicateJob`."""
+        `DuplicateJob`.
+
+        A TASK target takes the priority, retry policy and timeout its task declared (the task
+        catalogue) wherever the spec sets none. A task no worker has published is refused
+        (`UnknownTask`) when `known_tasks` is given and lacks it or the setting `unknown_tasks` is
+        `refuse`; otherwise the job is stored and `Submitted.warnings` says it waits for a worker."""
+        from jobq.submission import JobSpec, build_job, check_idempotency_key, preview, with_declared
+
         spec = JobSpec.parse(spec, tenant_id=self.tenant_id)
         if self.tenant_id is not None and spec.tenant_id != self.tenant_id:
             raise InvalidJob(f"tenant_id {spec.tenant_id!r} is not this token's tenant", field="tenant_id")
         if idempotency_key is not None:
             check_idempotency_key(idempotency_key)
+        fingerprint = fingerprint or spec.fingerprint()  # of the request, not of what the catalogue added
+        warnings: tuple[str, ...] = ()
+        if isinstance(spec.target, TaskTarget):
+            task = spec.target.task
+            catalogue = self._catalogue(task)
+            spec = with_declared(spec, catalogue.get(task))
+            warnings = self._unserved(task, catalogue, known_tasks)
         now = self.clock.now_ms()
         attributes = {"jobq.tenant_id": spec.tenant_id}
         with tracing.span("jobq.submit", parent=trace, kind="producer", attributes=attributes) as span:
@@ -132,7 +157,7 @@ class Client:
                 record = IdempotencyRecord(
                     tenant_id=spec.tenant_id,
                     key=idempotency_key,
-                    fingerprint=fingerprint or spec.fingerprint(),
+                    fingerprint=fingerprint,
                     job_id=job.job_id,
                     response=response,
                     created_ms=now,
@@ -142,22 +167,58 @@ class Client:
             if result.created:
                 self._index(runs)
                 self._publish(job, [r for r in runs if r.state is RunState.DISPATCHED])
-                return Submitted(job, True, response, tuple(fires))
-            return Submitted(result.job, False, result.response, tuple(preview(result.job, now)))
+                return Submitted(job, True, response, tuple(fires), warnings)
+            return Submitted(result.job, False, result.response, tuple(preview(result.job, now)), warnings)
+
+    def _catalogue(self, task: str) -> dict[str, TaskInfo]:
+        now = self.clock.now_ms()
+        cached = _CATALOGUES.get(self.store)
+        if cached is not None and cached[0] > now and task in cached[1]:
+            return cached[1]
+        catalogue = self.store.task_catalogue()  # all of it: tasks are few, and the next name is likely here
+        _CATALOGUES[self.store] = (now + CATALOGUE_TTL_MS, catalogue)
+        return catalogue
+
+    def declared(self, tasks: Sequence[str] | None = None) -> dict[str, TaskInfo]:
+        """The task catalogue: each task's declaration as the workers that serve it published it
+        (those named in `tasks` when given)."""
+        return self.store.task_catalogue(tasks)
+
+    def _unserved(self, task: str, catalogue: Mapping[str, TaskInfo], known_tasks: set[str] | None) -> tuple[str, ...]:
+        """A warning when no worker has published or registered `task` (none when one has);
+        raises `UnknownTask` under the setting `unknown_tasks = "refuse"`."""
+        from jobq.submission import unknown_task_message
+
+        if known_tasks is not None or task in catalogue:
+            return ()  # an explicit set is checked by build_job
+        registered = self.store.known_tasks()
+        if task in registered:
+            return ()
+        if self.d.settings.unknown_tasks == "refuse":
+            raise UnknownTask(unknown_task_message(task, registered | set(self.declared())), field="target.task")
+        return (f"no worker has served task {task!r} yet: the job waits until one that serves it starts",)
 
     def submit_many(
         self, specs: Sequence[JobSpec | Mapping[str, Any]], *, known_tasks: set[str] | None = None
     ) -> builtins.list[Job]:
         """Submit many jobs in one store batch (no idempotency keys): the bulk path for backfills
         and fan-outs. Every spec is parsed and validated first, so one bad spec writes nothing
-        (`InvalidJob` naming its index). Returns the jobs created."""
+        (`InvalidJob` naming its index). Tasks' declared options apply as in `submit` (one catalogue
+        read for the batch). Returns the jobs created."""
+        from jobq.submission import JobSpec, build_job, with_declared
+
         now = self.clock.now_ms()
         items: builtins.list[tuple[Job, builtins.list[Run]]] = []
+        catalogue: dict[str, TaskInfo] | None = None
         for i, given in enumerate(specs):
             try:
                 spec = JobSpec.parse(given, tenant_id=self.tenant_id)
                 if self.tenant_id is not None and spec.tenant_id != self.tenant_id:
                     raise InvalidJob(f"tenant_id {spec.tenant_id!r} is not this token's tenant", field="tenant_id")
+                if isinstance(spec.target, TaskTarget):
+                    if catalogue is None:
+                        catalogue = self.declared()
+                    spec = with_declared(spec, catalogue.get(spec.target.task))
                 job, runs, _ = build_job(spec, now, self.limits, known_tasks, tracing.current_traceparent())
             except InvalidJob as exc:
                 raise InvalidJob(f"specs[{i}]: {exc.message}", field=exc.field) from None
@@ -244,6 +305,8 @@ class Client:
         return found
 
     def get(self, job: JobRef) -> JobView:
+        from jobq.submission import preview
+
         found = self.job(job)
         key = found.key
         counts = {state.value: n for state, n in self.store.run_counts(key).items()}
@@ -268,6 +331,18 @@ class Client:
         if self.tenant_id is not None:
             query = dataclasses.replace(query, tenant_id=self.tenant_id)
         return self.store.list_jobs(query)
+
+    def outcomes(self, jobs: Sequence[Job]) -> dict[JobKey, str]:
+        """`FAILED` for each COMPLETED one-off (or immediate) job among `jobs` whose run failed (it
+        was dead-lettered): its record says COMPLETED because nothing more will run, but users
+        need its outcome. One batch read of those jobs' runs."""
+        done = {
+            Run.make_id(j.key, j.schedule.at_ms): j.key
+            for j in jobs
+            if j.status is JobStatus.COMPLETED and not j.recurring and j.schedule.at_ms is not None
+        }
+        runs = self.store.get_runs(builtins.list(done)) if done else {}
+        return {key: "FAILED" for run_id, key in done.items() if (r := runs.get(run_id)) and r.state is RunState.FAILED}
 
     def runs(self, job: JobRef, *, cursor: str | None = None, limit: int = 100) -> Page[Run]:
         key = self.job(job).key
@@ -387,6 +462,8 @@ class Client:
     def resume(self, job: JobRef) -> Job:
         """Create runs again. Recurring fires that fell in the pause are skipped; a one-off fires now.
         A quarantined job is resumed the same way once its record decodes again."""
+        from jobq.submission import resume_fire
+
         now = self.clock.now_ms()
         current = self.job(job)
         key = current.key
@@ -430,6 +507,8 @@ class Client:
     def trigger(self, job: JobRef) -> Run:
         """Run the job once now, outside its schedule (its policies and payload apply). The run
         never completes the job: a one-off still fires at its own time."""
+        from jobq.submission import new_run
+
         found = self.job(job)
         name = self._name(found)
         if found.corrupt is not None:
@@ -452,7 +531,8 @@ class Client:
         return self.store.list_runs(RunQuery(tenant_id=self.tenant_id, dead_letter=True, cursor=cursor, limit=limit))
 
     def redrive(self, run_id: str) -> Run:
-        """Schedule a dead-lettered run again now, as attempt N+1."""
+        """Schedule a dead-lettered run again now, as attempt N+1 with a fresh attempt budget: up to
+        `retry.max_attempts` attempts from this one (`attempt_base` = N)."""
         run = self.run(run_id)
         if not run.dead_letter:
             raise Conflict(f"run {run_id!r} is not on the dead-letter list")
@@ -465,6 +545,7 @@ class Client:
             {
                 "dead_letter": False,
                 "attempt": run.attempt + 1,
+                "attempt_base": run.attempt,
                 "due_ms": now,
                 "deadline_ms": None,
                 "finished_ms": None,
@@ -569,6 +650,8 @@ class Client:
         raise Conflict(f"job {str(job)!r}: its runs keep changing; try again")
 
     def _materialise(self, job: Job) -> Job:
+        from jobq.submission import materialise
+
         now = self.clock.now_ms()
         advanced, runs, _ = materialise(job, now, self.limits)
         if not runs:

@@ -2,7 +2,8 @@
 
     JobqError
     ├── ConfigError                 a setting or URL is wrong (names the key and the value)
-    │   └── MissingExtra            an optional backend's extra is not installed
+    │   ├── MissingExtra            an optional backend's extra is not installed
+    │   └── StoreMissing            a read-only command found no store (it never creates one)
     ├── InvalidJob                  input is refused (at the edge: nothing was written)
     │   ├── InvalidQuery            a list filter or cursor holding text no store can hold
     │   ├── ScheduleError
@@ -63,6 +64,13 @@ class ConfigError(JobqError):
         super().__init__(redact_text(f"{key}={shown!r}: {reason}"))
         self.key = key
         self.value = shown
+
+
+class StoreMissing(ConfigError):
+    def __init__(self, where: str) -> None:
+        JobqError.__init__(self, f"no jobq store at {where} (start `jobq dev`, or run `jobq init`)")
+        self.key = "store"
+        self.value = where
 
 
 class MissingExtra(ConfigError):

@@ -322,6 +322,9 @@ class Run(_Record):
     # The W3C traceparent the run's spans continue: its job's for a one-off, a fire's own trace
     # (linked to the job's) for a recurring job; None when nothing traced it (`jobq.tracing`).
     trace: str | None = None
+    # Attempts made before the run's current attempt budget began: a redrive grants a fresh budget
+    # of `retry.max_attempts` from the attempt it creates (attempt numbers keep counting up).
+    attempt_base: int = 0
     # Set only on a record read back that did not decode (`jobq.records`): why. Never stored.
     corrupt: str | None = Field(default=None, exclude=True)
 
@@ -380,6 +383,7 @@ MUTABLE_RUN_FIELDS = frozenset(
         "started_ms",
         "finished_ms",
         "handbacks",
+        "attempt_base",
     }
 )
 
@@ -434,6 +438,25 @@ class RunEvent(_Record):
     @property
     def job_key(self) -> JobKey:
         return JobKey(self.tenant_id, self.job_id)
+
+
+class TaskInfo(_Record):
+    """A task as a worker declared it: its entry in the task catalogue (`JobStore.publish_tasks`).
+
+    A submission by name takes `priority`, `retry` and `timeout_s` from here unless it sets them;
+    `queue` is the tier's queue the task's runs go to; `parameters` are the function's, as text
+    (`"customer_id: int"`), for listings. The newest publication of a name wins."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)  # a newer worker may add fields
+
+    name: str = Field(min_length=1, max_length=200)
+    priority: Priority = Priority.DEFAULT
+    retry: RetryPolicy | None = None  # None: the submission's (default) policy
+    timeout_s: float | None = None
+    queue: str = "default"
+    parameters: tuple[str, ...] = ()
+    worker_id: str = ""  # the worker that published this declaration last
+    published_ms: int = 0
 
 
 class IdempotencyRecord(_Record):

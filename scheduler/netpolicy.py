@@ -11,7 +11,13 @@ are judged by the IPv4 address they carry.
 metadata address passes only when an allowed network names exactly that host (/32 or /128), so
 allowing 169.254.0.0/16 for a sidecar does not open the instance's credentials endpoint.
 
-The check resolves the host once and requires every address to pass; the webhook caller then
+At submission (`check_submitted`) an endpoint is checked without DNS: its form, its port, an IP
+literal, and names that always mean this machine (`localhost`, `*.localhost`); a name is
+resolved and checked when the webhook is called, because a job may fire months later and the
+API host may not resolve today what the worker resolves then. `webhook_resolve_at_submit`
+makes submission resolve and check too (the stricter choice).
+
+The call-time check resolves the host once and requires every address to pass; the webhook caller then
 connects to an address it checked (`jobq.webhooks`), so a DNS answer that changes between the
 check and the connection (rebinding) cannot steer a call to a refused address.
 """
@@ -19,6 +25,7 @@ check and the connection (rebinding) cannot steer a call to a refused address.
 from __future__ import annotations
 
 import ipaddress
+import re
 import socket
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -51,6 +58,28 @@ class Endpoint:
     scheme: str
     host: str  # lower case; an IPv6 literal without brackets
     port: int
+
+
+#: What `localhost` always means (RFC 6761), checked at submission without a lookup.
+LOCALHOST_ADDRESSES: tuple[Address, ...] = (ipaddress.ip_address("127.0.0.1"), ipaddress.ip_address("::1"))
+
+
+def _literal(host: str) -> Address | None:
+    """The address `host` spells, or None for a name: IP literals, and the numeric IPv4 forms the
+    system resolver reads without DNS (`0x7f.1`, `2130706433`)."""
+    try:
+        return ipaddress.ip_address(host)
+    except ValueError:
+        pass
+    if not _NUMERIC_HOST.fullmatch(host):
+        return None
+    try:
+        return ipaddress.IPv4Address(socket.inet_aton(host))
+    except OSError:
+        return None
+
+
+_NUMERIC_HOST = re.compile(r"[0-9a-fA-FxX.]+")
 
 
 def system_resolver(host: str, port: int) -> list[str]:
@@ -126,6 +155,8 @@ class NetPolicy:
         host = (parts.hostname or "").rstrip(".")
         if not host:
             raise EndpointRefused(f"endpoint {url!r} has no host")
+        if port == 0:
+            raise EndpointRefused(f"endpoint {url!r} names port 0, which nothing listens on")
         return Endpoint(scheme, host, port if port is not None else SCHEMES[scheme])
 
     def refusal(self, address: Address) -> str | None:
@@ -176,6 +207,28 @@ class NetPolicy:
                     "(an operator can allow networks with webhook_allow_cidrs)"
                 )
         return addresses
+
+    def check_submitted(self, url: str, *, resolve: bool = False) -> Endpoint:
+        """The submit-time check (module docstring): the URL's form and port, an IP literal's
+        address, and `localhost` names, with no DNS lookup unless `resolve`. Raises `EndpointRefused`."""
+        if resolve:
+            return self.check(url)[0]
+        endpoint = self.parse(url)
+        host = endpoint.host.lower()
+        if host == "localhost" or host.endswith(".localhost"):
+            for loopback in LOCALHOST_ADDRESSES:
+                reason = self.refusal(loopback)
+                if reason is not None:
+                    raise EndpointRefused(
+                        f"endpoint host {endpoint.host!r} is this machine ({reason}); webhooks may only call "
+                        "public addresses (an operator can allow networks with webhook_allow_cidrs)"
+                    )
+            return endpoint
+        literal = _literal(host)
+        if literal is None:
+            return endpoint  # a name: resolved and checked at call time
+        self.resolve(str(literal), endpoint.port)  # a literal: checked without a lookup
+        return endpoint
 
     def check(self, url: str) -> tuple[Endpoint, list[Address]]:
         """Parse `url`, resolve its host and check every address. Raises `EndpointRefused`.

@@ -23,6 +23,7 @@ from jobq.models import (
     Run,
     RunEvent,
     RunState,
+    TaskInfo,
     Transition,
 )
 from jobq.registry import Census, DaemonRecord
@@ -195,6 +196,16 @@ class JobStore(Protocol):
 
     def known_tasks(self) -> set[str]:
         """Every task name a worker has registered."""
+        ...
+
+    def publish_tasks(self, tasks: Sequence[TaskInfo]) -> None:
+        """Store each task's declaration in the task catalogue, replacing the one of the same name
+        (the newest publication wins). Idempotent; one batch (one transaction on SQL stores)."""
+        ...
+
+    def task_catalogue(self, names: Sequence[str] | None = None) -> dict[str, TaskInfo]:
+        """The published declarations by task name: those among `names` when given, else all.
+        An entry that does not decode is left out (the next publication of its name replaces it)."""
         ...
 
     def close(self) -> None: ...

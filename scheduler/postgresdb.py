@@ -237,6 +237,7 @@ class PostgresDatabase:
             "idem": f"{schema}.jobq_idempotency",
             "workers": f"{schema}.jobq_workers",
             "daemons": f"{schema}.jobq_daemons",
+            "tasks": f"{schema}.jobq_tasks",
             "tokens": f"{schema}.jobq_tokens",
             "tenants": f"{schema}.jobq_tenants",
             "events": f"{schema}.jobq_run_events",

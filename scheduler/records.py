@@ -35,6 +35,7 @@ from jobq.models import (
     RunState,
     Schedule,
     ScheduleType,
+    TaskInfo,
     TaskTarget,
 )
 
@@ -171,3 +172,17 @@ def _adapter(model: type[Job | Run], name: str) -> TypeAdapter[Any]:
     if info.metadata:  # the field's own constraints (ge=..., max_length=...)
         annotation = Annotated[(annotation, *info.metadata)]
     return TypeAdapter(annotation)
+
+
+def decode_tasks(docs: Iterable[str | bytes]) -> dict[str, TaskInfo]:
+    """The task catalogue entries among stored JSON documents, by name; one that does not decode
+    is logged and left out (the next worker that serves the task publishes it again)."""
+    out: dict[str, TaskInfo] = {}
+    for doc in docs:
+        try:
+            info = TaskInfo.model_validate_json(doc)
+        except DECODE_ERRORS as exc:
+            logging.getLogger("jobq.store").warning("a task catalogue entry does not decode: %s", str(exc)[:200])
+            continue
+        out[info.name] = info
+    return out

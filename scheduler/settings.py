@@ -52,6 +52,12 @@ class Settings(BaseModel):
     result_ttl_s: int = Field(default=86_400, gt=0, description="a finished run's result is kept this long")
     history_flush_s: float = Field(default=0.2, ge=0, description="0 writes history synchronously")
 
+    unknown_tasks: str = Field(
+        default="warn",
+        pattern="^(warn|refuse)$",
+        description="a submission naming a task no worker has published: warn (it waits for one) or refuse",
+    )
+
     concurrency: int = Field(default=4, ge=1, le=10_000)
     queues: tuple[str, ...] = ("critical", "high", "default", "low")
     # Worker execution (docs/workers.md). None: the command's default (`jobq worker`: prefork;
@@ -74,6 +80,9 @@ class Settings(BaseModel):
     # Webhook targets: private, loopback, link-local and metadata addresses are refused unless
     # a CIDR here allows them (`jobq dev` allows loopback so the examples work).
     webhook_allow_cidrs: tuple[str, ...] = ()
+    webhook_resolve_at_submit: bool = Field(
+        default=False, description="resolve and check a webhook's host when the job is submitted, not only at each call"
+    )
     webhook_max_headers: int = Field(default=20, ge=0, le=100)
     webhook_response_bytes: int = Field(default=4096, ge=0, le=1024 * 1024)
 
@@ -108,6 +117,24 @@ class Settings(BaseModel):
         if soft is not None and hard is not None and soft >= hard:
             # Raised as is (pydantic wraps only ValueError), so the message names the key.
             raise ConfigError("soft_time_limit_s", soft, f"must be below time_limit_s ({hard:g})")
+        return self
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Settings:
+        """Refuse settings that contradict each other, with one line naming both (a ConfigError,
+        which pydantic lets through unwrapped)."""
+        if self.heartbeat_s >= self.lease_s:
+            raise ConfigError(
+                "heartbeat_s",
+                self.heartbeat_s,
+                f"must be shorter than lease_s={self.lease_s:g} (a run's lease would expire between heartbeats)",
+            )
+        if self.claim_lease_s > self.lease_s:
+            raise ConfigError(
+                "claim_lease_s",
+                self.claim_lease_s,
+                f"must not be longer than lease_s={self.lease_s:g} (a scanner's claim would outlive a worker's lease)",
+            )
         return self
 
     def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:

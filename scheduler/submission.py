@@ -42,6 +42,7 @@ from jobq.models import (
     Schedule,
     ScheduleType,
     Target,
+    TaskInfo,
     TaskTarget,
 )
 from jobq.schedules import cron_for, jitter_ms, next_fire, parse_cron, plan_fires, zone
@@ -237,6 +238,30 @@ def validate_payload(spec: JobSpec, limits: Limits) -> None:
             raise InvalidJob('a TASK payload is {"args": [...], "kwargs": {...}}', field="payload")
 
 
+def with_declared(spec: JobSpec, declared: TaskInfo | None) -> JobSpec:
+    """`spec` with its task's declared priority, retry policy and timeout (from the task catalogue)
+    wherever the submission set none: a field the request gives, even at its default value, wins.
+    Validated again, so a declaration out of range is an `InvalidJob` naming the field."""
+    if declared is None or not isinstance(spec.target, TaskTarget):
+        return spec
+    given = spec.model_fields_set
+    update: dict[str, Any] = {}
+    if "priority" not in given:
+        update["priority"] = declared.priority
+    if "retry_policy" not in given and declared.retry is not None:
+        update["retry_policy"] = declared.retry.model_dump()
+    if "timeout_seconds" not in given and declared.timeout_s is not None:
+        update["timeout_seconds"] = declared.timeout_s
+    if not update:
+        return spec
+    return JobSpec.parse({**{name: getattr(spec, name) for name in given}, **update})
+
+
+def unknown_task_message(task: str, known: set[str]) -> str:
+    hint = ", ".join(sorted(known)[:10]) or "none registered yet"
+    return f"unknown task {task!r}: no worker has registered it (known: {hint})"
+
+
 def build_job(
     spec: JobSpec, now_ms: int, limits: Limits, known_tasks: set[str] | None = None, trace: str | None = None
 ) -> tuple[Job, list[Run], int]:
@@ -287,10 +312,7 @@ def build_job(
                 )
         schedule = Schedule(type=kind, at_ms=first, timezone=spec.timezone)
     if isinstance(spec.target, TaskTarget) and known_tasks is not None and spec.target.task not in known_tasks:
-        hint = ", ".join(sorted(known_tasks)[:10]) or "none registered yet"
-        raise UnknownTask(
-            f"unknown task {spec.target.task!r}: no worker has registered it (known: {hint})", field="target.task"
-        )
+        raise UnknownTask(unknown_task_message(spec.target.task, known_tasks), field="target.task")
     job = Job(
         job_id=job_id,
         tenant_id=spec.tenant_id,

@@ -8,12 +8,13 @@ def aggregate(cycle: str) -> None:
 from __future__ import annotations
 
 import contextvars
+import inspect
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from jobq.models import Job, Priority, RetryPolicy
+from jobq.models import Job, Priority, RetryPolicy, TaskInfo
 
 _current: contextvars.ContextVar[TaskContext | None] = contextvars.ContextVar("jobq_task_context", default=None)
 
@@ -125,6 +126,19 @@ class TaskDef:
     timeout_s: float | None = None
     bind: bool = False  # pass the TaskContext as the first argument
 
+    def info(self, worker_id: str, now_ms: int) -> TaskInfo:
+        """This task's entry in the task catalogue, as `worker_id` publishes it at `now_ms`."""
+        return TaskInfo(
+            name=self.name,
+            priority=self.priority,
+            retry=self.retry,
+            timeout_s=self.timeout_s,
+            queue=self.priority.queue,
+            parameters=_parameters(self.fn, skip_first=self.bind),
+            worker_id=worker_id,
+            published_ms=now_ms,
+        )
+
     def call(self, ctx: TaskContext, args: list[Any], kwargs: dict[str, Any]) -> Any:
         token = bind_context(ctx)
         try:
@@ -161,3 +175,24 @@ class TaskRegistry:
 
 def _qualname(fn: Callable[..., Any]) -> str:
     return f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', repr(fn))}"
+
+
+def _parameters(fn: Callable[..., Any], *, skip_first: bool) -> tuple[str, ...]:
+    """The function's parameters as written (`"customer_id: int"`, `"dry_run: bool = False"`)."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):  # a builtin or a C callable without a signature
+        return ()
+    return tuple(_parameter(p) for p in params[1 if skip_first else 0 :])
+
+
+def _parameter(p: inspect.Parameter) -> str:
+    """As written in the source, whether annotations are objects or (postponed) strings."""
+    prefix = "*" if p.kind is p.VAR_POSITIONAL else "**" if p.kind is p.VAR_KEYWORD else ""
+    text = prefix + p.name
+    if p.annotation is not p.empty:
+        annotation: str = p.annotation if isinstance(p.annotation, str) else inspect.formatannotation(p.annotation)
+        text += f": {annotation}"
+    if p.default is not p.empty:
+        text += f" = {p.default!r}" if p.annotation is not p.empty else f"={p.default!r}"
+    return text

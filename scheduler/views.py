@@ -11,7 +11,7 @@ from typing import Any
 
 from jobq.client import JobView
 from jobq.instants import to_iso
-from jobq.models import Job, JobStatus, Run, RunEvent, RunState, Target, TaskTarget, WebhookTarget
+from jobq.models import Job, JobStatus, Run, RunEvent, RunState, Target, TaskInfo, TaskTarget, WebhookTarget
 from jobq.redaction import redact_headers, redact_url
 
 
@@ -107,4 +107,18 @@ def event_resource(e: RunEvent) -> dict[str, Any]:
         "worker_id": e.worker,
         "error": e.error,
         "duration_ms": e.duration_ms,
+    }
+
+
+def task_resource(info: TaskInfo) -> dict[str, Any]:
+    """A task catalogue entry as `GET /v1/tasks` and `jobq tasks --json` show it."""
+    return {
+        "name": info.name,
+        "priority": info.priority.value,
+        "queue": info.queue,
+        "retry_policy": None if info.retry is None else info.retry.model_dump(mode="json"),
+        "timeout_seconds": info.timeout_s,
+        "parameters": list(info.parameters),
+        "published_by": info.worker_id,
+        "published_at": iso(info.published_ms),
     }

@@ -100,10 +100,11 @@ def parse_retry_after(value: str | None, now_s: float) -> float | None:
     return min(max(0.0, when.timestamp() - now_s), MAX_RETRY_AFTER_S)
 
 
-def check_target(target: WebhookTarget, policy: NetPolicy, max_headers: int) -> None:
+def check_target(target: WebhookTarget, policy: NetPolicy, max_headers: int, *, resolve: bool = False) -> None:
     """Refuse a webhook target before it is stored: too many or reserved or malformed headers
-    (`InvalidJob`), or an endpoint the network policy refuses (`EndpointRefused`). Resolves the
-    endpoint's host; opens no connection."""
+    (`InvalidJob`), or an endpoint the network policy refuses (`EndpointRefused`): its form and
+    port, an IP literal, `localhost`; its host name is resolved only when `resolve` (the call
+    checks it again, resolved, every time). Opens no connection."""
     if len(target.headers) > max_headers:
         raise InvalidJob(
             f"a webhook target has at most {max_headers} headers ({len(target.headers)} given)", field="target.headers"
@@ -116,7 +117,7 @@ def check_target(target: WebhookTarget, policy: NetPolicy, max_headers: int) -> 
             raise InvalidJob(f"header {name!r} is set by jobq and cannot be given", field="target.headers")
         if any(c in value for c in "\r\n\0") or len(value.encode()) > MAX_HEADER_VALUE_BYTES:
             raise InvalidJob(f"header {name!r} has a value with line breaks or over 8 KiB", field="target.headers")
-    policy.check(target.endpoint)
+    policy.check_submitted(target.endpoint, resolve=resolve)
 
 
 class GuardedBackend(httpcore.SyncBackend):

@@ -7,12 +7,13 @@ naming it (`pip install 'jobq[redis]'`) and never an ImportError at import time.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
 from jobq.clock import SYSTEM_CLOCK, Clock
 from jobq.deployment import Deployment
-from jobq.errors import ConfigError
+from jobq.errors import ConfigError, StoreMissing
 from jobq.extras import require
 from jobq.ports import HistorySink, JobStore, TimeIndex, Transport
 from jobq.settings import Settings
@@ -42,6 +43,45 @@ def connect(settings: Settings, clock: Clock = SYSTEM_CLOCK) -> Deployment:
 
 
 _POSTGRES = ("postgresql", "postgres")
+
+
+def connect_reader(settings: Settings, clock: Clock = SYSTEM_CLOCK, *, history: bool = False) -> Deployment:
+    """For read-only commands (`jobq list`, `status`, `runs`, `dlq list`, ...): the store, and the
+    history sink when `history`, never creating either. A store that does not exist (no SQLite
+    file, no PostgreSQL schema) raises `StoreMissing`. No broker or index is contacted: the
+    deployment's index and transport are in-memory ones that nothing reads."""
+    from jobq.history.memory import MemoryHistory
+    from jobq.timeindex.memory import MemoryTimeIndex
+    from jobq.transport.memory import MemoryTransport
+
+    url = settings.store_url
+    scheme = _scheme(url)
+    if scheme == "sqlite" and not Path(path_from_url(url)).is_file():
+        raise StoreMissing(f"sqlite:///{Path(path_from_url(url)).resolve()}")
+    if scheme in _POSTGRES:
+        from jobq.postgresdb import PostgresDatabase
+
+        db = PostgresDatabase.from_url(url)
+        try:
+            if db.schema_version() is None:
+                raise StoreMissing(f"{db.config.display} (schema {db.schema!r})")
+        finally:
+            db.close()
+    databases: dict[str, SqliteDatabase] = {}
+
+    def sqlite(url: str) -> SqliteDatabase:
+        path = path_from_url(url)
+        if path not in databases:
+            databases[path] = SqliteDatabase(path)
+        return databases[path]
+
+    store = _store(url, sqlite)
+    try:
+        sink = _history(settings.history, store, sqlite, 0) if history else MemoryHistory()
+    except BaseException:
+        store.close()
+        raise
+    return Deployment(settings, store, MemoryTimeIndex(), MemoryTransport(clock=clock), sink, clock)
 
 
 def init_store(settings: Settings) -> str:

@@ -86,7 +86,6 @@ def test_schedule_json_is_the_job_resource(run, h: Harness) -> None:  # type: ig
         (["t.echo", "--at", "2020-01-01T00:00:00Z"], "beyond the catch-up window"),
         (["t.echo", "--at", "2026-03-08T02:30", "--tz", "America/New_York"], "does not exist in America/New_York"),
         (["t.echo", "--at", "tomorrow"], "neither epoch milliseconds nor ISO 8601"),
-        (["t.nope", "--now"], "unknown task 't.nope'"),
         (["t.echo", "--in", "soon"], "is not a duration"),
         (["t.echo", "--args", "[1,"], "--args is not valid JSON"),
         (["t.echo", "--kwargs", "[1]"], "--kwargs must be a JSON object"),
@@ -115,7 +114,7 @@ def test_status_shows_the_run_lease_and_fence(run, h: Harness) -> None:  # type:
     cycle(h)
     human = run("status", job_id)
     assert human.exit_code == 0
-    assert "SUCCEEDED" in human.output and "fencing_token" in human.output
+    assert "SUCCEEDED attempt 1 fence 1" in human.output
     doc = json.loads(run("status", job_id, "--json").output)
     assert (doc["status"], doc["fencing_token"], doc["current_attempt"]) == ("SUCCEEDED", 1, 1)
     assert doc["run_counts"] == {"SUCCEEDED": 1}

@@ -217,6 +217,7 @@ def test_top_shows_throughput_lateness_and_dead_letter_growth_per_tier(h: Harnes
 def test_top_runs_full_screen_in_a_terminal_and_q_quits(tmp_path: Path) -> None:
     primary, secondary = pty.openpty()
     env = {**os.environ, "JOBQ_STORE": f"sqlite:///{tmp_path / 'jobq.db'}", "COLUMNS": "160", "LINES": "50"}
+    subprocess.run([*JOBQ, "init"], env=env, cwd=tmp_path, check=True, capture_output=True)  # top creates no store
     proc = subprocess.Popen([*JOBQ, "top"], stdin=secondary, stdout=secondary, stderr=secondary, env=env, cwd=tmp_path)
     os.close(secondary)
     seen = b""

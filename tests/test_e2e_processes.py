@@ -172,7 +172,9 @@ def test_a_killed_worker_s_run_is_reclaimed_and_completed_elsewhere_with_a_highe
     workdir: Path, deployed: tuple[Stack, Deployment, str]
 ) -> None:
     built, deployment, pool = deployed
-    procs = Processes(workdir, _env(built, workdir, lease_s="3", heartbeat_s="1", visibility_timeout_s="60"))
+    procs = Processes(
+        workdir, _env(built, workdir, lease_s="3", heartbeat_s="1", claim_lease_s="3", visibility_timeout_s="60")
+    )
     try:
         for name in ("beat", "scanner", "reaper"):
             procs.start(name, name)

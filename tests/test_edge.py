@@ -306,7 +306,7 @@ def test_a_list_filter_no_store_can_compare_is_refused_by_every_entry_point(edge
         Client(edge.d).list(JobQuery(name_prefix=text))
     with pytest.raises(InvalidJob):
         Client(edge.d).dead_letters(cursor=text)
-    for option in ("--name-prefix", "--cursor"):
+    for option in ("--name", "--cursor"):
         result = CliRunner().invoke(cli, ["list", option, text], env=edge.cli_env, catch_exceptions=False)
         assert result.exit_code == 2 and result.output.startswith(f"error: {option} "), result.output
     if text.isascii():  # an HTTP query string carries bytes: a lone surrogate cannot be sent

@@ -39,6 +39,23 @@ def test_the_self_hosted_deployment_example_runs_every_kind_of_job() -> None:
     assert "flaky (fails twice)      SUCCEEDED at attempt 3" in result.stdout
     assert "broken (dead-lettered)   FAILED" in result.stdout
     assert "all jobs ran as expected" in result.stdout
+    assert f"removed PostgreSQL schema {name}" in result.stdout
+    assert f"removed RabbitMQ queues {name}-*" in result.stdout
+    assert _leftovers(name) == ([], [])
+
+
+def _leftovers(name: str) -> tuple[list[str], list[bytes]]:
+    """The schema and Redis keys a self-hosted example named `name` left behind."""
+    import psycopg
+    import redis
+    from services import require_postgres, require_redis
+
+    with psycopg.connect(require_postgres()) as conn:
+        schemas = [r[0] for r in conn.execute("SELECT nspname FROM pg_namespace WHERE nspname = %s", [name])]
+    client = redis.Redis.from_url(require_redis())
+    keys = list(client.scan_iter(match=f"{name}*"))
+    client.close()
+    return schemas, keys
 
 
 def test_the_aws_deployment_example_runs_on_moto_and_redis() -> None:

@@ -162,6 +162,7 @@ def test_a_stalled_redis_holds_up_no_outcome_and_duplicates_no_finished_run(work
         "JOBQ_BROKER": redis.url,
         "JOBQ_LEASE_S": "6",  # the stall lasts twice a lease
         "JOBQ_HEARTBEAT_S": "2",
+        "JOBQ_CLAIM_LEASE_S": "6",
         "E2E_EFFECTS": str(workdir / "effects.db"),
     }
     d = connect(Settings.load({"store": store, "index": redis.url, "broker": redis.url, "history_flush_s": 0}, env={}))
@@ -227,6 +228,7 @@ def test_a_store_outage_during_completion_loses_no_outcome(workdir: Path, pool: 
         "JOBQ_BROKER": f"sqlite:///{workdir / 'queue.db'}",
         "JOBQ_LEASE_S": "8",
         "JOBQ_HEARTBEAT_S": "2",
+        "JOBQ_CLAIM_LEASE_S": "8",
         "E2E_EFFECTS": str(workdir / "effects.db"),
     }
     d = connect(Settings.load({"store": direct, "broker": env["JOBQ_BROKER"], "history_flush_s": 0}, env={}))

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from procs import wait_until
+from services import free_port
 
 from jobq.client import Client
 from jobq.deployment import Deployment
@@ -121,3 +122,57 @@ def test_the_quickstart_runs_each_kind_of_job_and_the_tour_works(
         out, _ = worker.communicate(timeout=60)
     assert worker.returncode == 0, out
     assert "serving critical,high with 4 slots (prefork pool, autoscaling 2..8)" in out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(360)
+def test_the_first_command_in_a_fresh_venv_on_a_clean_clone_serves_the_api_and_the_readme_curl_answers_201(
+    tmp_path: Path,
+) -> None:
+    """A newcomer's first minute: a clean clone (what is committed), a fresh virtualenv, the README's
+    first command exactly as written; it must print the API address and a token, and the README's
+    curl must then create a job. Only the API port differs when 8080 may be taken here."""
+    [command] = block("run")
+    clone, venv = tmp_path / "clone", tmp_path / "venv"
+    subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True, timeout=60)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JOBQ_", "PYTHON", "VIRTUAL_ENV"))}
+    env.update(
+        VIRTUAL_ENV=str(venv),
+        PATH=f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}",
+        JOBQ_API_PORT=str(port),
+        PYTHONUNBUFFERED="1",
+    )
+    log = tmp_path / "first.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            ["sh", "-c", command], cwd=clone, env=env, stdout=out, stderr=out, start_new_session=True
+        )
+    try:
+        wait_until(lambda: "Ctrl-C to stop" in log.read_text() or proc.poll() is not None, 300, "jobq dev to start")
+        shown = log.read_text()
+        assert f"API: http://127.0.0.1:{port}/v1" in shown, shown[-4000:]
+        assert "the HTTP API is off" not in shown
+        token = re.search(r"export TOKEN=(\S+)", shown)
+        assert token, shown[-4000:]
+        [curl] = [re.search(r"<!-- readme:curl -->\s*```sh\n(.*?)```", README, re.S).group(1)]  # type: ignore[union-attr]
+        (tmp_path / ".curlrc").write_text('write-out = "\\n%{http_code}\\n"\n')  # the status after the body
+        result = subprocess.run(
+            ["sh", "-c", curl.replace("127.0.0.1:8080", f"127.0.0.1:{port}")],
+            env={**env, "TOKEN": token.group(1), "CURL_HOME": str(tmp_path)},
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=30,
+        )
+        assert result.stdout.strip().splitlines()[-1] == "201", (result.stdout, result.stderr)
+    finally:
+        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
+        for child in children.read_text().split() if children.exists() else []:
+            os.kill(int(child), signal.SIGINT)
+        try:
+            proc.wait(timeout=60)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)

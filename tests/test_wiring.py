@@ -99,7 +99,7 @@ BLOCK = textwrap.dedent(
     ],
 )
 def test_a_missing_extra_is_one_line_naming_it(tmp_path: Path, module: str, flag: str, url: str, extra: str) -> None:
-    args = ["list", "--store", f"sqlite:///{tmp_path / 'j.db'}", flag, url]
+    args = ["init", "--store", f"sqlite:///{tmp_path / 'j.db'}", flag, url]
     result = subprocess.run(
         [sys.executable, "-c", BLOCK.format(module=module), *args],
         capture_output=True,

@@ -22,6 +22,8 @@ from jobq.netpolicy import NetPolicy
 from jobq.ports import TenantStore
 from jobq.registry import Role
 
+ROUTERS = (router, dead_letters, schedules, operations)  # every route of the API, in this order
+
 DESCRIPTION = """\
 Submit, inspect and control jobs; read and redrive dead letters.
 
@@ -85,10 +87,8 @@ def create_app(
     register_gauges(deployment)
     _publish_required_tags(app)
     errors.install(app)
-    app.include_router(router)
-    app.include_router(dead_letters)
-    app.include_router(schedules)
-    app.include_router(operations)
+    for included in ROUTERS:
+        app.include_router(included)
     app.add_middleware(
         GuardMiddleware, max_body_bytes=settings.api_max_body_bytes, max_header_bytes=settings.api_max_header_bytes
     )

@@ -152,6 +152,23 @@ def field_of(location: tuple[Any, ...] | list[Any]) -> str | None:
     return ".".join(parts) or None
 
 
+_UNPARSED_BODY = "There was an error parsing the body"  # FastAPI's detail when json.loads raised
+
+
+def allowed_methods(request: Request) -> set[str]:
+    """Every method some route of the API serves at the request's path (`jobq.api.app.ROUTERS`)."""
+    from jobq.api.app import ROUTERS
+
+    path = request.url.path
+    methods: set[str] = set()
+    for router in ROUTERS:
+        for route in router.routes:
+            regex = getattr(route, "path_regex", None)
+            if regex is not None and regex.match(path):
+                methods |= set(getattr(route, "methods", None) or ())
+    return methods | ({"HEAD"} if "GET" in methods else set())
+
+
 def install(app: FastAPI) -> None:
     """Register the handlers that turn exceptions into the error shape."""
 
@@ -188,6 +205,23 @@ def install(app: FastAPI) -> None:
 
     async def on_http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, StarletteHTTPException)
+        if exc.status_code == 400 and str(exc.detail).startswith(_UNPARSED_BODY):
+            # A body json.loads gives up on (nested too deep) is invalid JSON like any other.
+            message = "the body is not valid JSON (nested too deeply?)"
+            return error_response(422, "invalid_json", message, request_id=request_id(request))
+        if exc.status_code == 405:
+            # Starlette names the methods of the first route whose path matches; a path served by
+            # several routes (GET and DELETE /v1/jobs/{id}) allows all of theirs.
+            allow = ", ".join(sorted({*allowed_methods(request), "OPTIONS"}))
+            if request.method == "OPTIONS":
+                return Response(status_code=204, headers={"Allow": allow})
+            return error_response(
+                405,
+                "method_not_allowed",
+                f"{request.method} is not allowed here; allowed: {allow}",
+                request_id=request_id(request),
+                headers={"Allow": allow},
+            )
         code = _STATUS_CODES.get(exc.status_code, "error")
         message = exc.detail if isinstance(exc.detail, str) else code.replace("_", " ")
         if exc.status_code == 404:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
 
@@ -38,17 +39,18 @@ from jobq.api.schemas import (
     RunPage,
     RunResource,
     RunResultResource,
+    TaskList,
 )
 from jobq.api.state import ApiState, api_state
 from jobq.bounds import Text
 from jobq.client import Client
 from jobq.errors import Conflict
 from jobq.metrics import METRICS
-from jobq.models import Job, JobKey, JobStatus, Priority, RunEvent, TaskTarget, WebhookTarget
+from jobq.models import Job, JobKey, JobStatus, Priority, RunEvent, WebhookTarget
 from jobq.ports import JobQuery, Page
 from jobq.results import read_result
 from jobq.submission import IDEMPOTENCY_KEY_PATTERN, JOB_ID_PATTERN, JobSpec
-from jobq.views import event_resource, iso, job_resource, job_summary, run_resource
+from jobq.views import event_resource, iso, job_resource, job_summary, run_resource, task_resource
 from jobq.webhooks import check_target
 
 T = TypeVar("T")
@@ -56,6 +58,7 @@ log = logging.getLogger("jobq.api")
 
 _JOB_ID = JOB_ID_PATTERN.removeprefix("^").removesuffix("$")
 _TENANT = r"[A-Za-z0-9_.\-]{1,128}"  # as JobSpec.tenant_id
+_JOB_CURSOR = re.compile(rf"{_JOB_ID}\|{_TENANT}")  # what `GET /v1/jobs` returns as next_cursor
 _RUN_ID = f"(?:{_TENANT}/)?{_JOB_ID}:[0-9]{{1,19}}"  # Run.make_id: tenants other than `default` lead
 RUN_ID_PATTERN = f"^{_RUN_ID}$"
 HISTORY_LIMIT = 10_000  # events read per runs page; see docs/api.md on very long-lived cron jobs
@@ -217,28 +220,48 @@ def create_job(
     fingerprint = spec.fingerprint()  # of the request as sent, before the tenant is filled in
     settings = state.deployment.settings
     if isinstance(spec.target, WebhookTarget):
-        check_target(spec.target, state.policy, settings.webhook_max_headers)
+        check_target(
+            spec.target, state.policy, settings.webhook_max_headers, resolve=settings.webhook_resolve_at_submit
+        )
     client = Client(state.deployment, tenant_id=token.tenant_id)
-    known = state.deployment.store.known_tasks() if isinstance(spec.target, TaskTarget) else None
     submitted = client.submit(
         spec,
         idempotency_key=idempotency_key,
         respond=lambda job, fires: json.dumps(created_body(job, fires), separators=(",", ":")),
         fingerprint=fingerprint,
-        known_tasks=known,
         # An instrumented server has made the request's span current; otherwise continue the header.
         trace=None if tracing.current_traceparent() else tracing.valid_traceparent(traceparent),
     )
     location = {"Location": f"/v1/jobs/{submitted.job.job_id}"}
     if submitted.created:
-        return Response(submitted.response, status_code=201, media_type="application/json", headers=location)
+        body = _warned(submitted.response, submitted.warnings)
+        return Response(body, status_code=201, media_type="application/json", headers=location)
     replayed = submitted.response or json.dumps(created_body(submitted.job, list(submitted.next_fire_times)))
     return Response(
-        replayed, status_code=200, media_type="application/json", headers={**location, "Idempotent-Replayed": "true"}
+        _warned(replayed, submitted.warnings),
+        status_code=200,
+        media_type="application/json",
+        headers={**location, "Idempotent-Replayed": "true"},
     )
 
 
-@router.get("/v1/jobs", response_model=JobPage, summary="List jobs")
+def _warned(body: str | None, warnings: tuple[str, ...]) -> str | None:
+    """The stored response with this submission's warnings (they are not kept with the key: a
+    replay says whether the task is served now)."""
+    if not warnings or body is None:
+        return body
+    return json.dumps({**json.loads(body), "warnings": list(warnings)}, separators=(",", ":"))
+
+
+@router.get("/v1/tasks", response_model=TaskList, summary="List the task catalogue")
+def list_tasks(token: Principal, state: State) -> dict[str, Any]:
+    """Every task a worker has published, with the options a submission by name gets unless it
+    sets them (`priority`, `retry_policy`, `timeout_seconds`) and the function's parameters."""
+    catalogue = state.client(token.tenant_id).declared()
+    return {"items": [task_resource(info) for _, info in sorted(catalogue.items())]}
+
+
+@router.get("/v1/jobs", response_model=JobPage, responses=_errors(400), summary="List jobs")
 def list_jobs(
     token: Principal,
     state: State,
@@ -249,6 +272,8 @@ def list_jobs(
     limit: Limit = 50,
 ) -> dict[str, Any]:
     """The tenant's jobs ordered by job id, filtered by status, priority and job name prefix."""
+    if cursor is not None and not _JOB_CURSOR.fullmatch(cursor):
+        raise ApiError(400, "invalid_cursor", "cursor is not a next_cursor this API returned", field="cursor")
     query = JobQuery(status=status, priority=priority, name_prefix=job_name_prefix, cursor=cursor, limit=limit)
     page = _paged(lambda: state.client(token.tenant_id).list(query))
     return {"items": [job_summary(j) for j in page.items], "next_cursor": page.next_cursor}

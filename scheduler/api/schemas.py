@@ -50,6 +50,10 @@ class JobCreated(BaseModel):
     next_fire_times: list[str] = Field(description="The next (up to 5) nominal fire times, ISO 8601 UTC.")
     next_fire_times_epoch_ms: list[int]
     created_at: str
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="Things the job was accepted despite, e.g. a task no worker has served yet (it waits for one).",
+    )
 
 
 class RunResource(BaseModel):
@@ -157,6 +161,32 @@ class Event(BaseModel):
 class RunWithAttempts(RunResource):
     attempts: list[Attempt]
     events: list[Event]
+
+
+class RetryPolicyResource(BaseModel):
+    max_retries: int
+    initial_interval_sec: float
+    backoff_multiplier: float
+    max_interval_sec: float
+    non_retryable_errors: list[str]
+    max_age_sec: float | None
+
+
+class TaskResource(BaseModel):
+    name: str
+    priority: str = Field(description="Applied to a submission by name that gives no `priority`.")
+    queue: str = Field(description="The queue of that tier: `critical`, `high`, `default` or `low`.")
+    retry_policy: RetryPolicyResource | None = Field(
+        description="Applied to a submission that gives no `retry_policy`; null: the default policy."
+    )
+    timeout_seconds: float | None = Field(description="Applied to a submission that gives no `timeout_seconds`.")
+    parameters: list[str] = Field(description="The task function's parameters, as written.")
+    published_by: str = Field(description="The worker that published this declaration last.")
+    published_at: str | None
+
+
+class TaskList(BaseModel):
+    items: list[TaskResource]
 
 
 class JobPage(BaseModel):

@@ -77,7 +77,10 @@ class Reaper(Daemon):
                 continue  # renewed, finished or reclaimed by another reaper meanwhile
             METRICS.reclaimed.inc(state=before.state.value)
             kind = "RECLAIMED" if after.state is RunState.SCHEDULED else "FAILED"
-            events.append(event(after, kind, now_ms, worker=before.lease_owner))
+            # The attempt that lost its lease, under its own number and fence.
+            events.append(
+                event(after, kind, now_ms, worker=before.lease_owner, attempt=before.attempt, fence=before.fence)
+            )
             self.log.warning(
                 "reclaimed expired %s lease of %s", before.state.value, before.lease_owner, extra=run_fields(after)
             )
@@ -101,7 +104,9 @@ class Reaper(Daemon):
         if job is None:
             verdict_retry, delay_s = False, 0.0
         else:
-            verdict = decide(job.retry, run.attempt, "LeaseExpired", age_s=(now_ms - run.nominal_ms) / 1000)
+            verdict = decide(
+                job.retry, run.attempt, "LeaseExpired", age_s=(now_ms - run.nominal_ms) / 1000, base=run.attempt_base
+            )
             verdict_retry, delay_s = verdict.retry, verdict.delay_s
         if verdict_retry:
             changes = {

@@ -42,12 +42,15 @@ from jobq.models import (
     JobStatus,
     Run,
     RunState,
+    TaskInfo,
     Transition,
 )
 from jobq.ports import CreateResult, JobQuery, Page, RunQuery
+from jobq.records import decode_tasks
 from jobq.registry import Census, DaemonRecord
 from jobq.store import dynamodb_census
 from jobq.store.dynamodb_items import (
+    TASKS_PK,
     TOKENS_PK,
     WORKERS_PK,
     as_n,
@@ -596,6 +599,33 @@ class DynamoStore:
     def census(self, now_ms: int) -> Census:
         """Sampled: `census_shards` of the 16 shards, scaled (`Census.exact` is False)."""
         return dynamodb_census.census(self.table, now_ms, self.census_shards)
+
+    def publish_tasks(self, tasks: Sequence[TaskInfo]) -> None:
+        items = [
+            {
+                "PK": as_s(TASKS_PK),
+                "SK": as_s(t.name),
+                "doc": as_s(t.model_dump_json()),
+                "published_ms": as_n(t.published_ms),
+            }
+            for t in {t.name: t for t in tasks}.values()
+        ]
+        for start in range(0, len(items), 25):  # BatchWriteItem's limit
+            requests = {self.table.name: [{"PutRequest": {"Item": item}} for item in items[start : start + 25]]}
+            while requests:
+                answer = self.table.call("batch_write_item", RequestItems=requests)
+                requests = answer.get("UnprocessedItems") or {}
+
+    def task_catalogue(self, names: Sequence[str] | None = None) -> dict[str, TaskInfo]:
+        e = Expr()
+        request = e.finish(
+            KeyConditionExpression=f"{e.n('PK')} = {e.v(as_s(TASKS_PK))}",
+            ProjectionExpression=e.n("doc"),
+            ConsistentRead=True,
+        )
+        wanted = None if names is None else set(names)
+        found = decode_tasks(item["doc"]["S"] for item in self.table.query_all(None, **request))
+        return {n: t for n, t in found.items() if wanted is None or n in wanted}
 
     # -- tokens and tenants --------------------------------------------------------------------
 

@@ -50,6 +50,7 @@ _STR_FIELDS = (
 _INT_FIELDS = (
     *("nominal_ms", "due_ms", "attempt", "fence", "version", "lease_expires_ms", "last_heartbeat_ms"),
     *("deadline_ms", "created_ms", "updated_ms", "dispatched_ms", "started_ms", "finished_ms", "handbacks"),
+    "attempt_base",
 )
 #: Every `Run` field, by how it is stored (`priority` as its rank, `result` as JSON text).
 RUN_FIELDS = frozenset({*_STR_FIELDS, *_INT_FIELDS, "priority", "dead_letter", "result"})
@@ -248,6 +249,7 @@ def token_hash_key(token_hash: str) -> Item:
 
 TOKENS_PK = "TOKENS"  # one partition: tokens are few and rarely written, and listing is one Query
 WORKERS_PK = "WORKERS"  # likewise: known_tasks is one Query, never a Scan
+TASKS_PK = "TASKS"  # the task catalogue (SK = task name): tasks are few, the catalogue is one Query
 
 
 def plan_gsi1(e: Expr, t: Transition) -> None:

@@ -23,10 +23,11 @@ from jobq.models import (
     JobStatus,
     Run,
     RunState,
+    TaskInfo,
     Transition,
 )
 from jobq.ports import CreateResult, JobQuery, Page, RunQuery
-from jobq.records import decode_job, decode_run
+from jobq.records import decode_job, decode_run, decode_tasks
 from jobq.registry import Census, DaemonRecord, census_from_rows, expiring
 
 _FINISHABLE = frozenset({JobStatus.ACTIVE, JobStatus.COMPLETED})
@@ -116,6 +117,7 @@ class MemoryStore:
         self._runs: dict[str, Run] = {}
         self._idempotency: dict[tuple[str, str], IdempotencyRecord] = {}
         self._workers: dict[str, set[str]] = {}
+        self._tasks: dict[str, str] = {}  # JSON, as the other stores keep it
         self._tokens: dict[str, ApiToken] = {}
         self._secrets: dict[str, str] = {}
         self._daemons: dict[str, DaemonRecord] = {}
@@ -362,6 +364,15 @@ class MemoryStore:
                 at = run.dispatched_ms or run.updated_ms
                 row["oldest_dispatched_ms"] = min(row["oldest_dispatched_ms"] or at, at)
         return census_from_rows(now_ms, list(rows.values()), dead, finished)
+
+    def publish_tasks(self, tasks: Sequence[TaskInfo]) -> None:
+        with self._lock:
+            self._tasks.update({t.name: t.model_dump_json() for t in tasks})
+
+    def task_catalogue(self, names: Sequence[str] | None = None) -> dict[str, TaskInfo]:
+        with self._lock:
+            docs = [d for n, d in self._tasks.items() if names is None or n in names]
+        return decode_tasks(docs)
 
     def put_token(self, token: ApiToken) -> None:
         with self._lock:

@@ -20,10 +20,10 @@ from jobq.errors import (
     IdempotencyConflict,
     JobNotFound,
 )
-from jobq.models import ApiToken, IdempotencyRecord, Job, JobKey, JobStatus, Run, RunState, Transition
+from jobq.models import ApiToken, IdempotencyRecord, Job, JobKey, JobStatus, Run, RunState, TaskInfo, Transition
 from jobq.ports import CreateResult, JobQuery, Page, RunQuery
 from jobq.postgresdb import RUN_COLUMNS, PostgresDatabase
-from jobq.records import DECODE_ERRORS, corrupt_job, corrupt_run, priority_of
+from jobq.records import DECODE_ERRORS, corrupt_job, corrupt_run, decode_tasks, priority_of
 from jobq.registry import Census, DaemonRecord, census_from_rows, decode_daemons, expiring
 from jobq.store.memory import job_cursor, parse_job_cursor, parse_run_cursor, refuse_corrupt, run_cursor
 
@@ -38,7 +38,7 @@ else:
 T = TypeVar("T")
 
 # -- SQL ----------------------------------------------------------------------------------------
-# Templates: {jobs}, {runs}, {idem}, {workers}, {events} are the schema-qualified tables, {cols}
+# Templates: {jobs}, {runs}, {idem}, {workers}, {tasks}, {events} are the schema-qualified tables, {cols}
 # the run columns (named, never `*`, so a column added by a later migration cannot break `Run`).
 
 DAEMON_KEEP_MS = 3_600_000  # expired registry entries are pruned this long after expiry
@@ -183,6 +183,7 @@ _COLUMN_TYPES = {
     "started_ms": "bigint",
     "finished_ms": "bigint",
     "handbacks": "integer",
+    "attempt_base": "integer",
 }
 
 
@@ -725,6 +726,28 @@ class PostgresStore:
         values = rows[0]["vals"].strip("{}").split(",")
         shares = dict(zip(values, rows[0]["freqs"], strict=False))
         return {state: round(float(shares.get(state, 0.0)) * total) for state in _FINISHED}
+
+    def publish_tasks(self, tasks: Sequence[TaskInfo]) -> None:
+        if not tasks:
+            return
+        sql = self.db.sql(
+            "INSERT INTO {tasks} (name, doc, published_ms) VALUES (%s, %s, %s) "
+            "ON CONFLICT (name) DO UPDATE SET doc = EXCLUDED.doc, published_ms = EXCLUDED.published_ms"
+        )
+        rows = [(t.name, t.model_dump_json(), t.published_ms) for t in sorted(tasks, key=lambda t: t.name)]
+
+        def body(conn: Connection) -> None:
+            with conn.cursor() as cur:
+                cur.executemany(sql, rows)
+
+        self.db.run(body)
+
+    def task_catalogue(self, names: Sequence[str] | None = None) -> dict[str, TaskInfo]:
+        if names is None:
+            rows = self.db.read("SELECT doc FROM {tasks} ORDER BY name")
+        else:
+            rows = self.db.read("SELECT doc FROM {tasks} WHERE name = ANY(%s)", [sorted(set(names))])
+        return decode_tasks(r["doc"] for r in rows)
 
     # -- tokens and tenants ----------------------------------------------------------------------
 

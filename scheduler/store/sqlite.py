@@ -30,10 +30,11 @@ from jobq.models import (
     JobStatus,
     Run,
     RunState,
+    TaskInfo,
     Transition,
 )
 from jobq.ports import CreateResult, JobQuery, Page, RunQuery
-from jobq.records import DECODE_ERRORS, corrupt_job, corrupt_run, priority_of
+from jobq.records import DECODE_ERRORS, corrupt_job, corrupt_run, decode_tasks, priority_of
 from jobq.registry import Census, DaemonRecord, census_from_rows, decode_daemons, expiring
 from jobq.sqlitedb import SqliteDatabase, placeholders
 from jobq.store.memory import job_cursor, parse_job_cursor, parse_run_cursor, refuse_corrupt, run_cursor
@@ -92,7 +93,8 @@ CREATE TABLE IF NOT EXISTS jobq_runs (
     started_ms        INTEGER,
     finished_ms       INTEGER,
     handbacks         INTEGER NOT NULL DEFAULT 0,
-    trace             TEXT
+    trace             TEXT,
+    attempt_base      INTEGER NOT NULL DEFAULT 0
 );
 -- The scanner's (and beat's repair) query: due runs of one tier, earliest first, ties by id.
 DROP INDEX IF EXISTS jobq_runs_due;
@@ -147,13 +149,25 @@ CREATE TABLE IF NOT EXISTS jobq_daemons (
     expires_ms INTEGER NOT NULL,
     doc        TEXT NOT NULL
 );
+
+-- The task catalogue: each task's latest declaration (a TaskInfo document). Created in place in
+-- a file of an earlier version when the store opens it.
+CREATE TABLE IF NOT EXISTS jobq_tasks (
+    name         TEXT PRIMARY KEY,
+    doc          TEXT NOT NULL,
+    published_ms INTEGER NOT NULL
+);
 """
 )
 _JOB_COLUMNS = "job_id, tenant_id, name, status, priority, next_fire_ms, version, doc"
 
 RUN_COLUMNS = RUN_FIELDS  # the table has a column per field
 # Run columns added after the table's first version, in the order they were added, with their DDL.
-_ADDED_RUN_COLUMNS = {"handbacks": "INTEGER NOT NULL DEFAULT 0", "trace": "TEXT"}
+_ADDED_RUN_COLUMNS = {
+    "handbacks": "INTEGER NOT NULL DEFAULT 0",
+    "trace": "TEXT",
+    "attempt_base": "INTEGER NOT NULL DEFAULT 0",
+}
 _INSERT_RUN = (
     f"INSERT OR IGNORE INTO jobq_runs ({', '.join(RUN_COLUMNS)}) VALUES ({placeholders(len(RUN_COLUMNS))}) RETURNING *"
 )
@@ -278,7 +292,7 @@ class SqliteStore:
                 conn.execute(statement)
 
     def _add_run_columns(self) -> None:
-        """Add the run columns a file of an earlier version lacks (`handbacks`, `trace`): looked at
+        """Add the run columns a file of an earlier version lacks (`handbacks`, `trace`, `attempt_base`): looked at
         first, then again under the write lock, which is taken only when one is missing."""
 
         def missing(conn: sqlite3.Connection) -> list[str]:
@@ -635,6 +649,24 @@ class SqliteStore:
             counts = {row["state"]: int(row["n"]) for row in self.db.read(_CENSUS_FINISHED)}
             self._finished = (now_ms, counts)
         return census_from_rows(now_ms, active, dead, self._finished[1])
+
+    def publish_tasks(self, tasks: Sequence[TaskInfo]) -> None:
+        with self.db.write() as conn:
+            conn.executemany(
+                "INSERT OR REPLACE INTO jobq_tasks VALUES (?, ?, ?)",
+                [(t.name, t.model_dump_json(), t.published_ms) for t in tasks],
+            )
+
+    def task_catalogue(self, names: Sequence[str] | None = None) -> dict[str, TaskInfo]:
+        if names is None:
+            return decode_tasks(r["doc"] for r in self.db.read("SELECT doc FROM jobq_tasks ORDER BY name"))
+        docs = []
+        for chunk in _chunks(sorted(set(names))):
+            docs += [
+                r["doc"]
+                for r in self.db.read(f"SELECT doc FROM jobq_tasks WHERE name IN ({placeholders(len(chunk))})", chunk)
+            ]
+        return decode_tasks(docs)
 
     # -- tokens and tenants -------------------------------------------------------------------
 

@@ -17,10 +17,10 @@ from jobq.client import Client
 from jobq.daemons.scanner import Scanner
 from jobq.daemons.worker import Worker
 from jobq.deployment import Deployment
-from jobq.models import Schedule, ScheduleType
+from jobq.models import Priority, RetryPolicy, Schedule, ScheduleType
 from jobq.netpolicy import NetPolicy
 from jobq.store.sqlite import SqliteStore
-from jobq.tasks import TaskRegistry
+from jobq.tasks import TaskDef, TaskRegistry
 from jobq.webhooks import HttpWebhookCaller
 
 from .conftest import Api
@@ -391,9 +391,44 @@ def test_a_bad_submission_names_its_field(
     assert (error["code"], error["field"]) == (code, field)
 
 
-def test_an_unknown_task_is_refused(acme: httpx.Client) -> None:
+def test_a_task_no_worker_has_served_is_accepted_with_a_warning(acme: httpx.Client) -> None:
+    body = {"schedule_type": "IMMEDIATE", "target": {"type": "TASK", "task": "nobody.serves.this"}}
+    response = acme.post("/v1/jobs", json=body)
+    assert response.status_code == 201, response.text
+    [warning] = response.json()["warnings"]
+    assert "no worker has served task 'nobody.serves.this' yet" in warning
+
+
+def test_an_unknown_task_is_refused_under_the_refuse_setting(
+    serve_api: Callable[..., Api], make_deployment: Callable[..., Deployment]
+) -> None:
+    acme = serve_api(make_deployment(unknown_tasks="refuse")).as_tenant("acme")
     body = {"schedule_type": "IMMEDIATE", "target": {"type": "TASK", "task": "nobody.serves.this"}}
     assert _error(acme.post("/v1/jobs", json=body), 400)["code"] == "unknown_task"
+
+
+def test_a_submission_by_task_name_gets_the_declared_options_unless_it_sets_them(api: Api) -> None:
+    registry = TaskRegistry()
+    registry.add(TaskDef("billing.invoice", lambda customer_id: None, Priority.HIGH, RetryPolicy(max_retries=1), 60))
+    Worker(api.d, registry, worker_id="w-billing").start()
+    acme = api.as_tenant("acme")
+    target = {"type": "TASK", "task": "billing.invoice"}
+    declared = acme.post("/v1/jobs", json={"schedule_type": "IMMEDIATE", "target": target})
+    assert declared.status_code == 201, declared.text
+    assert "warnings" not in declared.json() or declared.json()["warnings"] == []
+    job = Client(api.d, tenant_id="acme").job(declared.json()["job_id"])
+    assert (job.priority, job.retry.max_retries, job.timeout_s) == (Priority.HIGH, 1, 60.0)
+    overridden = acme.post("/v1/jobs", json={"schedule_type": "IMMEDIATE", "target": target, "priority": "LOW"})
+    assert overridden.json()["priority"] == "LOW"
+    [task] = acme.get("/v1/tasks").json()["items"]
+    assert (task["name"], task["priority"], task["queue"], task["timeout_seconds"]) == (
+        "billing.invoice",
+        "HIGH",
+        "high",
+        60.0,
+    )
+    assert task["retry_policy"]["max_retries"] == 1 and task["parameters"] == ["customer_id"]
+    assert task["published_by"] == "w-billing"
 
 
 def test_invalid_json_and_a_non_json_content_type_are_refused(acme: httpx.Client) -> None:

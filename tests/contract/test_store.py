@@ -12,7 +12,7 @@ import pytest
 from factories import T0, key, make_job, make_run
 
 from jobq.errors import Conflict, DuplicateJob, IdempotencyConflict, JobNotFound
-from jobq.models import IdempotencyRecord, Job, JobStatus, Priority, RunState, Transition
+from jobq.models import IdempotencyRecord, Job, JobStatus, Priority, RetryPolicy, RunState, TaskInfo, Transition
 from jobq.ports import JobQuery, JobStore, RunQuery
 from jobq.sqlitedb import SqliteDatabase
 from jobq.store.memory import MemoryStore
@@ -372,6 +372,28 @@ class TestWorkers:
         store.register_worker("w2", ["b.three"], ["low"], T0)
         store.register_worker("w1", ["a.one", "a.two"], ["default"], T0 + 1)
         assert store.known_tasks() == {"a.one", "a.two", "b.three"}
+
+
+class TestTaskCatalogue:
+    def test_the_newest_publication_of_a_task_wins_and_reads_back_whole(self, store: JobStore) -> None:
+        assert store.task_catalogue() == {}
+        first = TaskInfo(name="billing.invoice", priority=Priority.LOW, queue="low", worker_id="w1", published_ms=T0)
+        store.publish_tasks([first, TaskInfo(name="a.other", worker_id="w1", published_ms=T0)])
+        declared = TaskInfo(
+            name="billing.invoice",
+            priority=Priority.HIGH,
+            retry=RetryPolicy(max_retries=1, initial_interval_sec=5),
+            timeout_s=60.0,
+            queue="high",
+            parameters=("customer_id: int", "dry_run: bool = False"),
+            worker_id="w2",
+            published_ms=T0 + 1,
+        )
+        store.publish_tasks([declared])
+        store.publish_tasks([declared])  # idempotent
+        assert store.task_catalogue() == {"billing.invoice": declared, "a.other": store.task_catalogue()["a.other"]}
+        assert store.task_catalogue(["billing.invoice", "not.published"]) == {"billing.invoice": declared}
+        assert store.task_catalogue([]) == {}
 
 
 def test_sqlite_store_persists_across_reopening(tmp_path: Path) -> None:
@@ -829,3 +851,15 @@ def test_a_sqlite_file_without_the_trace_column_gains_it_in_place(tmp_path: Path
         assert store.get_runs([f"new:{T0}"])[f"new:{T0}"].trace == TRACEPARENT
     finally:
         store.close()
+
+
+def test_a_sqlite_file_of_an_earlier_version_gets_the_task_catalogue_when_opened(tmp_path: Path) -> None:
+    first = SqliteStore(SqliteDatabase(tmp_path / "s.db"))
+    first.create_job(make_job("job_1"), [make_run("job_1")])
+    with first.db.write() as conn:
+        conn.execute("DROP TABLE jobq_tasks")  # as a file written before the catalogue existed
+    first.close()
+    second = SqliteStore(SqliteDatabase(tmp_path / "s.db"))
+    second.publish_tasks([TaskInfo(name="t.a", priority=Priority.HIGH, published_ms=T0)])
+    assert second.task_catalogue()["t.a"].priority is Priority.HIGH
+    assert set(second.get_jobs([key("job_1")])) == {key("job_1")}

@@ -128,6 +128,7 @@ def failure(
             age_s=(now_ms - run.nominal_ms) / 1000,
             retryable=outcome.retryable,
             retry_after_s=outcome.retry_after_s,
+            base=run.attempt_base,
         )
         retry, delay_s, reason = verdict.retry, verdict.delay_s, verdict.reason
     cleared = {

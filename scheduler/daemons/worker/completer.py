@@ -103,8 +103,13 @@ class Completer:
             METRICS.completed.inc(outcome=attempt.kind)
             if after.state is RunState.SCHEDULED:
                 reindex.append(IndexEntry(after.run_id, after.due_ms, after.priority))
+            # The outcome of the attempt that ran, under its own number and fence (a retry's write
+            # already holds the next attempt's number).
+            ran = {"attempt": attempt.run.attempt, "fence": attempt.run.fence}
             events.append(
-                event(after, attempt.kind, after.updated_ms, worker=self.worker_id, duration_ms=attempt.duration_ms)
+                event(
+                    after, attempt.kind, after.updated_ms, worker=self.worker_id, duration_ms=attempt.duration_ms, **ran
+                )
             )
             self._log(attempt, after)
         self.completed += len(batch)

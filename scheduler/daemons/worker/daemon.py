@@ -205,12 +205,15 @@ class Worker(Daemon):
     # -- lifecycle ------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Register the served tasks, start the pool and (in the background) the completer and the
-        monitor. Idempotent; raises when the store cannot be reached (the loop retries)."""
+        """Register the served tasks and publish their declarations to the task catalogue, start
+        the pool and (in the background) the completer and the monitor. Idempotent; raises when
+        the store cannot be reached (the loop retries)."""
         with self._start_lock:
             if self._started:
                 return
-            self.store.register_worker(self.worker_id, sorted(self.registry.names()), self.queues, self.clock.now_ms())
+            now = self.clock.now_ms()
+            self.store.register_worker(self.worker_id, sorted(self.registry.names()), self.queues, now)
+            self.store.publish_tasks([t.info(self.worker_id, now) for t in self.registry])
             self.pool.start(self.concurrency)
             self.lane.start()
             if self.background:
