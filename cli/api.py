@@ -125,7 +125,7 @@ def list_tokens(tenant_id: str | None, operator: bool, as_json: bool, **options:
         fail("give --tenant T or --operator, not both")
     with reader(load_settings(options)) as d:
         found = tenant_store(d).list_tokens(OPERATOR_TENANT if operator else tenant_id)
-    rows = [
+    rows: list[dict[str, Any]] = [
         {
             "token_id": t.token_id,
             "tenant_id": t.scope,
@@ -140,9 +140,9 @@ def list_tokens(tenant_id: str | None, operator: bool, as_json: bool, **options:
         print_json(rows)
         return
     out = new_table("token id", "tenant", "name", "created", "revoked")
-    for row in rows:
-        tenant = "* (operator)" if row["operator"] else row["tenant_id"]
-        out.add_row(row["token_id"], tenant, row["name"], row["created_at"], row["revoked_at"] or "-")
+    for t, row in zip(found, rows, strict=True):
+        tenant = "* (operator)" if t.operator else t.tenant_id
+        out.add_row(t.token_id, tenant, t.name, row["created_at"], row["revoked_at"] or "-")
     console.print(out)
 
 
