@@ -224,6 +224,10 @@ def test_a_job_page_shows_its_schedule_in_words_and_next_fires_with_dst_notes(ap
     page = browser.get(f"/ui/jobs/acme/{job_id}").text
     assert "at 02:30 every day (America/New_York)" in page and "<code>30 2 * * *</code>" in page
     assert page.count("<time datetime=") == 10
+    # Sundays of March at 02:30: one of them falls in the spring-forward gap every year.
+    in_the_gap = _job(api.d, cron_expression="30 2 * 3 0", timezone="America/New_York")
+    page = browser.get(f"/ui/jobs/acme/{in_the_gap}").text
+    assert "<strong>skipped</strong>" in page and "DST: " in page and "did not happen" in page
 
 
 def test_dashboard_pages_forbid_framing_inline_script_and_other_origins(api: Api) -> None:
