@@ -13,6 +13,7 @@ import importlib.resources
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 from urllib.parse import parse_qs, quote, urlencode, urlsplit
 
@@ -75,6 +76,24 @@ NOTICES = {
 }
 
 
+def when_text(ms: int | None) -> str:
+    """An instant for people: `2026-12-01 10:32:27 UTC` (None: empty)."""
+    if ms is None:
+        return ""
+    text = to_iso(ms)  # total: also years past 9999
+    return text.replace("T", " ", 1).removesuffix("Z").rsplit(".", 1)[0] + " UTC"
+
+
+def local_text(iso_local: str) -> str:
+    """A preview's local ISO time for people: `Wed 2 Dec 2026, 02:30`."""
+    try:
+        moment = datetime.fromisoformat(iso_local)
+    except ValueError:
+        return iso_local
+    seconds = f":{moment.second:02d}" if moment.second else ""
+    return f"{moment:%a} {moment.day} {moment:%b %Y}, {moment:%H:%M}{seconds}"
+
+
 def duration_text(ms: int | None) -> str:
     """`1234` -> "1.23 s"; `90_000` -> "1 min 30 s"; None -> "-"."""
     if ms is None:
@@ -98,7 +117,8 @@ def _templates() -> jinja2.Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters["iso"] = lambda ms: "" if ms is None else to_iso(ms)
+    env.filters["iso"] = when_text
+    env.filters["local"] = local_text
     env.filters["duration"] = duration_text
     env.filters["q"] = lambda value: quote(str(value), safe="")
     return env
