@@ -463,12 +463,14 @@ async def job_action(request: Request, tenant: str, job_id: str, action: str) ->
     checked = await _mutation(request)
     if isinstance(checked, Response):
         return checked
-    user, _form_fields = checked
+    user, form = checked
     act = ACTIONS.get(action)
     if act is None:
         return _error_page(request, user, 404, f"No action {action!r}.")
     client = _client(request, user, tenant)
     key = JobKey(tenant, job_id)
+    if action == "cancel" and form.get("confirm") != "yes":  # the one action that cannot be undone
+        return render(request, "confirm_cancel.html", user=user, page="jobs", tenant=tenant, job_id=job_id)
     try:
         await run_in_threadpool(act, client, key)
     except JobNotFound:

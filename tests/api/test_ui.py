@@ -169,11 +169,24 @@ def test_an_action_without_the_csrf_token_or_from_another_origin_changes_nothing
     assert Client(api.d, tenant_id="acme").job(job_id).status is JobStatus.PAUSED
 
 
+def test_cancel_asks_for_confirmation_first(api: Api) -> None:
+    job_id = _job(api.d)
+    browser = sign_in(api, api.token("acme"))
+    csrf = _csrf(browser.get(f"/ui/jobs/acme/{job_id}").text)
+    asked = browser.post(f"/ui/jobs/acme/{job_id}/cancel", data={"csrf_token": csrf})
+    assert asked.status_code == 200 and "Yes, cancel the job" in asked.text
+    assert Client(api.d, tenant_id="acme").job(job_id).status is JobStatus.ACTIVE
+    done = browser.post(f"/ui/jobs/acme/{job_id}/cancel", data={"csrf_token": csrf, "confirm": "yes"})
+    assert done.status_code == 303
+    assert Client(api.d, tenant_id="acme").job(job_id).status is JobStatus.CANCELLED
+
+
 def test_another_session_s_csrf_token_is_refused(api: Api) -> None:
     job_id = _job(api.d)
     first, second = sign_in(api, api.token("acme")), sign_in(api, api.token("acme"))
     stolen = _csrf(first.get("/ui").text)
-    assert second.post(f"/ui/jobs/acme/{job_id}/cancel", data={"csrf_token": stolen}).status_code == 403
+    refused = second.post(f"/ui/jobs/acme/{job_id}/cancel", data={"csrf_token": stolen, "confirm": "yes"})
+    assert refused.status_code == 403
 
 
 def test_a_tenant_cannot_see_or_change_another_tenant_s_job(api: Api) -> None:
@@ -183,7 +196,8 @@ def test_a_tenant_cannot_see_or_change_another_tenant_s_job(api: Api) -> None:
     assert other.get(f"/ui/jobs/acme/{job_id}").status_code == 404
     assert other.get("/ui/jobs", params={"tenant": "acme"}).text.count(job_id) == 0  # tenant is ignored for them
     csrf = _csrf(other.get("/ui").text)
-    assert other.post(f"/ui/jobs/acme/{job_id}/cancel", data={"csrf_token": csrf}).status_code == 404
+    refused = other.post(f"/ui/jobs/acme/{job_id}/cancel", data={"csrf_token": csrf, "confirm": "yes"})
+    assert refused.status_code == 404
     assert Client(api.d, tenant_id="acme").job(job_id).status is JobStatus.ACTIVE
 
 
