@@ -169,11 +169,16 @@ def secure_request(request: Request) -> bool:
 
 
 def _origin_ok(request: Request) -> bool:
-    """A cross-site form post names another origin; browsers send `Origin` on every POST."""
+    """A cross-site form post names another origin; browsers send `Origin` on every POST. It must
+    name this server: its `Host`, or, behind a trusted proxy (`api_trust_forwarded_proto`), the
+    host the proxy says the browser asked for (`X-Forwarded-Host`)."""
     origin = request.headers.get("origin")
     if origin is None or origin == "null":
         return origin is None
-    return urlsplit(origin).netloc == request.headers.get("host", "")
+    hosts = {request.headers.get("host", "")}
+    if api_state(request).deployment.settings.api_trust_forwarded_proto:
+        hosts.add(request.headers.get("x-forwarded-host", "").split(",")[0].strip())
+    return urlsplit(origin).netloc in hosts - {""}
 
 
 def render(request: Request, template: str, status: int = 200, user: User | None = None, **context: Any) -> Response:

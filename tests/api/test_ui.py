@@ -181,6 +181,19 @@ def test_cancel_asks_for_confirmation_first(api: Api) -> None:
     assert Client(api.d, tenant_id="acme").job(job_id).status is JobStatus.CANCELLED
 
 
+def test_behind_a_trusted_proxy_the_origin_may_be_the_forwarded_host(
+    serve_api: Callable[..., Api], make_deployment: Callable[..., Deployment]
+) -> None:
+    for trusted, expected in ((False, 403), (True, 303)):
+        api = serve_api(make_deployment(api_trust_forwarded_proto=trusted))
+        job_id = _job(api.d)
+        browser = sign_in(api, api.token("acme"))
+        csrf = _csrf(browser.get(f"/ui/jobs/acme/{job_id}").text)
+        proxied = {"Origin": "https://jobq.example.com", "X-Forwarded-Host": "jobq.example.com"}
+        response = browser.post(f"/ui/jobs/acme/{job_id}/pause", data={"csrf_token": csrf}, headers=proxied)
+        assert response.status_code == expected
+
+
 def test_another_session_s_csrf_token_is_refused(api: Api) -> None:
     job_id = _job(api.d)
     first, second = sign_in(api, api.token("acme")), sign_in(api, api.token("acme"))
@@ -216,19 +229,26 @@ def test_jobs_are_listed_newest_first_and_filtered_by_task_status_and_name(api: 
     d = api.d
     d.store.register_worker("w-test", ["reports.nightly", "mail.send"], ["default"], d.clock.now_ms())
     client = Client(d, tenant_id="acme")
-    older = client.submit({**CRON_JOB, "job_name": "report-old"}).job.job_id
-    mail = client.submit({**CRON_JOB, "job_name": "mail-digest", "target": {"type": "TASK", "task": "mail.send"}})
-    newer = client.submit({**CRON_JOB, "job_name": "report-new"}).job.job_id
+
+    def submit(**fields: Any) -> str:
+        # Job ids sort by their millisecond of creation: let the clock move on between jobs.
+        start = d.clock.now_ms()
+        wait_for(lambda: d.clock.now_ms() > start, 5, "the clock to move")
+        return client.submit({**CRON_JOB, **fields}).job.job_id
+
+    older = submit(job_name="report-old")
+    mail_id = submit(job_name="mail-digest", target={"type": "TASK", "task": "mail.send"})
+    newer = submit(job_name="report-new")
     client.pause(JobKey("acme", older))
     browser = sign_in(api, api.token("acme"))
     text = browser.get("/ui/jobs").text
-    assert text.index(newer) < text.index(mail.job.job_id) < text.index(older)
+    assert text.index(newer) < text.index(mail_id) < text.index(older)
     by_task = browser.get("/ui/jobs", params={"task": "mail.send"}).text
-    assert mail.job.job_id in by_task and newer not in by_task and older not in by_task
+    assert mail_id in by_task and newer not in by_task and older not in by_task
     paused = browser.get("/ui/jobs", params={"status": "PAUSED"}).text
     assert older in paused and newer not in paused
     named = browser.get("/ui/jobs", params={"name": "report-"}).text
-    assert older in named and newer in named and mail.job.job_id not in named
+    assert older in named and newer in named and mail_id not in named
     assert browser.get("/ui/jobs", params={"status": "NOPE"}).status_code == 400
 
 
