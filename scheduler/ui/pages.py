@@ -204,7 +204,7 @@ async def _form(request: Request) -> dict[str, str]:
 async def _mutation(request: Request) -> tuple[User, dict[str, str]] | Response:
     """The user and form of a POST that changes something, or the response refusing it."""
     try:
-        user = _user(request)
+        user = await run_in_threadpool(_user, request)  # reads the store: off the event loop
     except _SignIn:
         return _redirect("/ui/login")
     form = await _form(request)
