@@ -140,7 +140,7 @@ def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
 
 
 # Every /v1 operation may answer these; each route adds its own.
-COMMON_ERRORS = _errors(401, 413, 415, 422, 431, 500, 503)
+COMMON_ERRORS = _errors(401, 403, 413, 415, 422, 431, 500, 503)  # 403: `tenant_id` naming another tenant
 router = APIRouter(responses=COMMON_ERRORS, tags=["jobs"])
 dead_letters = APIRouter(responses=COMMON_ERRORS, tags=["dead letters"])
 operations = APIRouter(tags=["operations"], responses=_errors(500))
