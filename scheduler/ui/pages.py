@@ -31,6 +31,7 @@ from jobq.errors import Conflict, InvalidQuery, JobNotFound, RunNotFound
 from jobq.instants import to_iso
 from jobq.models import ApiToken, JobKey, JobStatus, Run, RunEvent, ScheduleType, TaskTarget
 from jobq.ports import JobQuery
+from jobq.results import read_result
 from jobq.schedules import CronSchedule
 from jobq.ui import figures
 from jobq.ui.cronwords import in_words
@@ -504,6 +505,7 @@ def run_page(request: Request, run_id: str) -> Response:
         attempts=attempts(events),
         events=events,
         lateness=figures.lateness_ms(run.due_ms, run.started_ms),
+        outcome=read_result(run, client.clock.now_ms(), client.d.settings.result_ttl_s),
     )
 
 

@@ -252,6 +252,7 @@ def test_a_dead_letter_redriven_from_the_dashboard_succeeds(
     page.get_by_role("heading", name="Attempts").wait_for()
     assert page.locator("h1 .state").inner_text() == "SUCCEEDED"
     assert page.locator("table.list tbody tr").count() == 2  # attempt 1 failed, attempt 2 succeeded
+    assert '"body": "done"' in page.locator("pre").last.inner_text()  # the webhook's answer, kept as the result
     v.shot("run-redriven")
     assert len(target.requests) == 2
 
