@@ -360,10 +360,10 @@ def list_runs(job_id: JobId, client: ScopedClient, cursor: Cursor = None, limit:
     responses=_errors(404),
     summary="Get a run and its result",
 )
-def get_run(run_id: RunId, token: Principal, state: State) -> dict[str, Any]:
-    """The run (of this token's tenant) with its result: the task's return value once it succeeded,
-    or why there is none (`result_state`). Poll until `result_state` is not `PENDING`."""
-    client = state.client(token.tenant_id)
+def get_run(run_id: RunId, client: ScopedClient) -> dict[str, Any]:
+    """The run (of this token's tenant; any tenant's for an operator) with its result: the task's
+    return value once it succeeded, or why there is none (`result_state`). Poll until
+    `result_state` is not `PENDING`."""
     run = client.run(run_id)
     found = read_result(run, client.clock.now_ms(), client.d.settings.result_ttl_s)
     return {**run_resource(run), **found.as_json()}

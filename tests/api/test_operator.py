@@ -6,6 +6,8 @@ import httpx
 import pytest
 
 from jobq.api.tokens import issue_token, tenant_store
+from jobq.client import Client
+from jobq.models import JobKey
 
 from .conftest import Api
 
@@ -50,6 +52,14 @@ def test_an_operator_names_a_tenant_s_job_with_tenant_id_and_can_change_it(api: 
 def test_an_operator_submits_for_any_tenant(api: Api, operator: httpx.Client) -> None:
     job_id = _submit(operator, "for-a", tenant_id="tenant-a")
     assert api.as_tenant("tenant-a").get(f"/v1/jobs/{job_id}").status_code == 200
+
+
+def test_an_operator_reads_any_tenant_s_run(api: Api, operator: httpx.Client) -> None:
+    job_id = _submit(api.as_tenant("tenant-a"), "a-report")
+    run = Client(api.d, tenant_id="tenant-a").trigger(JobKey("tenant-a", job_id))
+    shown = operator.get(f"/v1/runs/{run.run_id}")
+    assert shown.status_code == 200 and shown.json()["result_state"] == "PENDING"
+    assert api.as_tenant("tenant-b").get(f"/v1/runs/{run.run_id}").status_code == 404
 
 
 def test_a_tenant_token_naming_another_tenant_is_403(api: Api) -> None:
