@@ -31,6 +31,7 @@ from jobq.errors import Conflict, InvalidQuery, JobNotFound, RunNotFound
 from jobq.instants import to_iso
 from jobq.models import ApiToken, JobKey, JobStatus, Run, RunEvent, ScheduleType, TaskTarget
 from jobq.ports import JobQuery
+from jobq.registry import SCHEDULING_ROLES
 from jobq.results import read_result
 from jobq.schedules import CronSchedule
 from jobq.ui import figures
@@ -601,7 +602,19 @@ def _redrive(client: Client, run_id: str | None) -> int:
 @router.get("/daemons")
 def daemons_page(request: Request) -> Response:
     user = _user(request)
-    return render(request, "daemons.html", user=user, page="daemons", daemons=None)
+    d = api_state(request).deployment
+    now = d.clock.now_ms()
+    records = d.registry.live_daemons(now)
+    alive = {r.role for r in records}
+    return render(
+        request,
+        "daemons.html",
+        user=user,
+        page="daemons",
+        daemons=figures.visible_daemons(records, user.scope),
+        missing=[role.value for role in SCHEDULING_ROLES if role not in alive],
+        now_ms=now,
+    )
 
 
 @router.get("/tasks")

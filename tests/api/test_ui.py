@@ -19,6 +19,7 @@ from jobq.api.tokens import issue_token, tenant_store
 from jobq.client import Client
 from jobq.deployment import Deployment
 from jobq.models import JobKey, JobStatus
+from jobq.registry import DaemonRecord, Role, Running
 from jobq.ui.cronwords import in_words
 from jobq.ui.session import COOKIE, Sessions
 
@@ -310,3 +311,41 @@ def test_the_session_key_is_made_once_per_deployment(deployment: Deployment) -> 
 )
 def test_a_cron_expression_in_words(expression: str, words: str) -> None:
     assert in_words(expression) == words
+
+
+def _daemon(d: Deployment, role: Role, daemon_id: str, **fields: Any) -> DaemonRecord:
+    now = d.clock.now_ms()
+    record = DaemonRecord(daemon_id, role, "host-1", 4242, "0.1.0", now - 60_000, now, **fields)
+    d.registry.heartbeat([record], 30_000)
+    return record
+
+
+def test_the_daemons_page_lists_live_daemons_and_warns_of_missing_roles(api: Api) -> None:
+    running = (
+        Running("acme/job_a:1", "reports.nightly", 1, api.d.clock.now_ms() - 5_000),
+        Running("globex/job_b:1", "mail.send", 2, api.d.clock.now_ms() - 1_000),
+    )
+    _daemon(api.d, Role.WORKER, "worker-1", queues=("default",), pool="threads", concurrency=4, busy=2, free=2,
+            running=running, last_error="boom from globex's task", last_error_ms=api.d.clock.now_ms())  # fmt: skip
+    tenant = sign_in(api, api.token("acme"))
+    page = tenant.get("/ui/daemons").text
+    assert "worker-1" in page and "2/2/0" in page
+    assert "No live scanner, beat, reaper" in page  # delayed and cron jobs will not run
+    assert "acme/job_a:1" in page and "globex/job_b:1" not in page and "boom" not in page
+    _record, secret = issue_token(tenant_store(api.d), None, api.d.clock.now_ms(), name="ops")
+    operator_page = sign_in(api, secret).get("/ui/daemons").text
+    assert "globex/job_b:1" in operator_page and "boom from globex" in operator_page
+    for role in (Role.SCANNER, Role.BEAT, Role.REAPER):
+        _daemon(api.d, role, f"{role.value}-1")
+    assert "will not run" not in tenant.get("/ui/daemons").text
+
+
+def test_an_operator_overview_shows_the_census_backlog_and_live_daemons(api: Api) -> None:
+    _job(api.d, tenant="acme")
+    _daemon(api.d, Role.WORKER, "worker-1")
+    _record, secret = issue_token(tenant_store(api.d), None, api.d.clock.now_ms(), name="ops")
+    page = sign_in(api, secret).get("/ui").text
+    assert "Every run, counted by the store." in page and "Dispatch per tier" in page
+    assert "No live scanner, beat, reaper" in page and "live daemons" in page
+    tenant_page = sign_in(api, api.token("acme")).get("/ui").text
+    assert "Dispatch per tier" not in tenant_page and "Of the newest" in tenant_page

@@ -24,6 +24,7 @@ from jobq.daemons.worker import Worker
 from jobq.deployment import Deployment
 from jobq.models import JobKey
 from jobq.netpolicy import NetPolicy
+from jobq.registry import DaemonRecord, Role
 from jobq.tasks import TaskRegistry
 from jobq.webhooks import HttpWebhookCaller
 
@@ -166,11 +167,16 @@ def test_a_user_signs_in_walks_every_page_and_pauses_and_resumes_a_job(
     refusing = receiver(Reply(400, b"bad input"))
     Client(d, tenant_id="acme").submit({**webhook_job(refusing.url, retry_policy=NO_WAIT), "job_name": "hook"})
     drive(d)
+    now = d.clock.now_ms()
+    d.registry.heartbeat(
+        [DaemonRecord(f"{role.value}-ui", role, "host-1", 4242, "0.1.0", now, now) for role in Role], 30_000
+    )
     v = visit(local_api)
     v.sign_in(local_api.token("acme"))
     page = v.page
 
     assert page.get_by_role("heading", name="Overview").is_visible()
+    assert page.get_by_role("alert").count() == 0  # every role is alive: no warning
     assert page.locator(".tile").filter(has_text="dead letters").locator(".figure").inner_text() == "1"
     v.shot("overview")
 
@@ -209,6 +215,8 @@ def test_a_user_signs_in_walks_every_page_and_pauses_and_resumes_a_job(
         page.get_by_role("link", name=name, exact=True).click()
         page.get_by_role("heading", name=heading, exact=True).wait_for()
         v.shot(label)
+        if label == "daemons":
+            assert page.get_by_text("worker-ui").is_visible() and page.get_by_text("scanner-ui").is_visible()
     assert page.get_by_text("reports.nightly").is_visible()
 
     v.go("/docs")
