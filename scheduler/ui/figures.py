@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from jobq.client import Client
-from jobq.models import PRIORITIES_BY_RANK, Run, TaskTarget
+from jobq.models import PRIORITIES_BY_RANK, Run, TaskInfo, TaskTarget
 from jobq.overview import take_overview
 from jobq.ports import JobQuery, RunQuery
 from jobq.registry import SCHEDULING_ROLES, DaemonRecord, Role
@@ -191,10 +191,22 @@ def visible_daemons(records: list[DaemonRecord], tenant_id: str | None) -> list[
     return shown
 
 
-def seen_tasks(client: Client) -> list[tuple[str, int]]:
-    """Task names workers registered, each with how many of the newest jobs in scope use it."""
-    counts = dict.fromkeys(client.store.known_tasks(), 0)
-    for job in client.list(JobQuery(limit=500)).items:
+@dataclass(frozen=True, slots=True)
+class TaskRow:
+    name: str
+    info: TaskInfo | None  # its catalogue entry; None for a name a worker only registered
+    jobs: int  # how many of the newest `TASK_JOBS_READ` jobs in scope use it
+
+
+TASK_JOBS_READ = 500
+
+
+def task_rows(client: Client) -> list[TaskRow]:
+    """The task catalogue (every declaration workers published), plus names workers registered
+    without a declaration (older workers), each with how many of the newest jobs in scope use it."""
+    catalogue = client.declared()
+    counts = dict.fromkeys([*catalogue, *client.store.known_tasks()], 0)
+    for job in client.list(JobQuery(limit=TASK_JOBS_READ, newest_first=True)).items:
         if isinstance(job.target, TaskTarget):
             counts[job.target.task] = counts.get(job.target.task, 0) + 1
-    return sorted(counts.items())
+    return [TaskRow(name, catalogue.get(name), n) for name, n in sorted(counts.items())]

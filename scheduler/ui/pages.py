@@ -621,4 +621,5 @@ def daemons_page(request: Request) -> Response:
 def tasks_page(request: Request, tenant: str | None = None) -> Response:
     user = _user(request)
     client = _client(request, user, tenant)
-    return render(request, "tasks.html", user=user, page="tasks", tasks=figures.seen_tasks(client))
+    rows = figures.task_rows(client)
+    return render(request, "tasks.html", user=user, page="tasks", tasks=rows, jobs_read=figures.TASK_JOBS_READ)

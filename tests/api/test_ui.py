@@ -18,7 +18,7 @@ from jobq.api.server import ApiServer, listen
 from jobq.api.tokens import issue_token, tenant_store
 from jobq.client import Client
 from jobq.deployment import Deployment
-from jobq.models import JobKey, JobStatus
+from jobq.models import JobKey, JobStatus, Priority, RetryPolicy, TaskInfo
 from jobq.registry import DaemonRecord, Role, Running
 from jobq.ui.cronwords import in_words
 from jobq.ui.session import COOKIE, Sessions
@@ -349,3 +349,24 @@ def test_an_operator_overview_shows_the_census_backlog_and_live_daemons(api: Api
     assert "No live scanner, beat, reaper" in page and "live daemons" in page
     tenant_page = sign_in(api, api.token("acme")).get("/ui").text
     assert "Dispatch per tier" not in tenant_page and "Of the newest" in tenant_page
+
+
+def test_the_tasks_page_shows_the_catalogue_with_each_task_s_declaration(api: Api) -> None:
+    now = api.d.clock.now_ms()
+    declared = TaskInfo(
+        name="billing.aggregate",
+        priority=Priority.HIGH,
+        retry=RetryPolicy(max_retries=5),
+        timeout_s=90,
+        queue="high",
+        parameters=("cycle: str",),
+        worker_id="worker-7",
+        published_ms=now,
+    )
+    api.d.store.publish_tasks([declared])
+    _job(api.d)  # registers reports.nightly without a declaration, and uses it
+    page = sign_in(api, api.token("acme")).get("/ui/tasks").text
+    assert "<code>billing.aggregate</code>" in page and "<code>cycle: str</code>" in page
+    assert "high, high" in page and "up to 5" in page and "1 min 30 s" in page and "worker-7" in page
+    assert "<code>reports.nightly</code>" in page and "publishes no declaration" in page
+    assert '<a href="/ui/jobs?task=reports.nightly" aria-label="Jobs of reports.nightly">1</a>' in page
