@@ -74,43 +74,62 @@ def tokens() -> None:
 
 
 @tokens.command("create")
-@click.option("--tenant", "tenant_id", required=True, help="The tenant whose jobs the token may see and change.")
+@click.option("--tenant", "tenant_id", default=None, help="The tenant whose jobs the token may see and change.")
+@click.option("--operator", is_flag=True, help="An operator token: sees and changes every tenant's jobs.")
 @click.option("--name", default="", help="A label for listings, e.g. the client's name.")
 @click.option("-q", "--quiet", is_flag=True, help="Print only the token (for TOKEN=$(jobq tokens create ...)).")
 @json_option
 @backend_options
-def create_token(tenant_id: str, name: str, quiet: bool, as_json: bool, **options: Any) -> None:
-    """Create a token. It is shown once: only its SHA-256 is stored."""
+def create_token(tenant_id: str | None, operator: bool, name: str, quiet: bool, as_json: bool, **options: Any) -> None:
+    """Create a token for one tenant (--tenant T) or an operator (--operator). It is shown once:
+    only its SHA-256 is stored."""
     from jobq.api.tokens import issue_token, tenant_store
 
+    if operator == (tenant_id is not None):
+        fail("give either --tenant T (a tenant's token) or --operator (every tenant), not both or neither")
     with deployment(load_settings(options)) as d:
         try:
             record, secret = issue_token(tenant_store(d), tenant_id, d.clock.now_ms(), name)
         except InvalidJob as exc:
             fail(str(exc))
     if as_json:
-        print_json({"token_id": record.token_id, "tenant_id": record.tenant_id, "name": record.name, "token": secret})
+        print_json(
+            {
+                "token_id": record.token_id,
+                "tenant_id": record.scope,
+                "operator": record.operator,
+                "name": record.name,
+                "token": secret,
+            }
+        )
     elif quiet:
         click.echo(secret)
     else:
-        click.echo(f"created {record.token_id} for tenant {record.tenant_id}; the token (shown once, keep it safe):")
+        whom = "an operator (every tenant)" if record.operator else f"tenant {record.tenant_id}"
+        click.echo(f"created {record.token_id} for {whom}; the token (shown once, keep it safe):")
         click.echo(secret)
 
 
 @tokens.command("list")
 @click.option("--tenant", "tenant_id", default=None, help="Only this tenant's tokens.")
+@click.option("--operator", is_flag=True, help="Only operator tokens.")
 @json_option
 @backend_options
-def list_tokens(tenant_id: str | None, as_json: bool, **options: Any) -> None:
-    """List tokens (ids, tenants, names; never the secrets), oldest first."""
+def list_tokens(tenant_id: str | None, operator: bool, as_json: bool, **options: Any) -> None:
+    """List tokens (ids, tenants, names; never the secrets), oldest first. An operator token's
+    tenant is `*` in the table (null with `operator: true` in --json)."""
     from jobq.api.tokens import tenant_store
+    from jobq.models import OPERATOR_TENANT
 
+    if operator and tenant_id is not None:
+        fail("give --tenant T or --operator, not both")
     with reader(load_settings(options)) as d:
-        found = tenant_store(d).list_tokens(tenant_id)
-    rows = [
+        found = tenant_store(d).list_tokens(OPERATOR_TENANT if operator else tenant_id)
+    rows: list[dict[str, Any]] = [
         {
             "token_id": t.token_id,
-            "tenant_id": t.tenant_id,
+            "tenant_id": t.scope,
+            "operator": t.operator,
             "name": t.name,
             "created_at": ms_to_text(t.created_ms),
             "revoked_at": ms_to_text(t.revoked_ms) if t.revoked_ms is not None else None,
@@ -121,8 +140,9 @@ def list_tokens(tenant_id: str | None, as_json: bool, **options: Any) -> None:
         print_json(rows)
         return
     out = new_table("token id", "tenant", "name", "created", "revoked")
-    for row in rows:
-        out.add_row(row["token_id"], row["tenant_id"], row["name"], row["created_at"], row["revoked_at"] or "-")
+    for t, row in zip(found, rows, strict=True):
+        tenant = "* (operator)" if t.operator else t.tenant_id
+        out.add_row(t.token_id, tenant, t.name, row["created_at"], row["revoked_at"] or "-")
     console.print(out)
 
 

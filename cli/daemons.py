@@ -167,6 +167,7 @@ def dev(
         server, token = served
         daemons.append(server)
         click.echo(f"API: {server.url}/v1 (docs at {server.url}/docs)")
+        click.echo(f"dashboard: {server.url}/ui (sign in with the token below)")
         click.echo(f"token for tenant default (shown once): {token}")
         click.echo(f"  export TOKEN={token}")
     console.print("Ctrl-C to stop")

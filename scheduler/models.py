@@ -476,8 +476,15 @@ class IdempotencyRecord(_Record):
         return JobKey(self.tenant_id, self.job_id)
 
 
+OPERATOR_TENANT = "*"
+"""The tenant of an operator token: no tenant id can be `*`, so an operator token belongs to no tenant
+and sees them all (`ApiToken.operator`). A process that does not know operators confines such a token
+to a tenant that holds nothing."""
+
+
 class ApiToken(_Record):
-    """An HTTP API token: only its SHA-256 is stored; the secret is shown once, at creation."""
+    """An HTTP API token: only its SHA-256 is stored; the secret is shown once, at creation. A token
+    belongs to one tenant, or is an operator's (`tenant_id == OPERATOR_TENANT`), which sees all."""
 
     token_id: str
     tenant_id: str
@@ -489,3 +496,12 @@ class ApiToken(_Record):
     @property
     def active(self) -> bool:
         return self.revoked_ms is None
+
+    @property
+    def operator(self) -> bool:
+        return self.tenant_id == OPERATOR_TENANT
+
+    @property
+    def scope(self) -> str | None:
+        """The tenant this token is confined to, or None for an operator token (every tenant)."""
+        return None if self.operator else self.tenant_id

@@ -56,6 +56,7 @@ class JobQuery:
     id_prefix: str | None = None  # job ids starting with this (declared schedules: `<app>.`)
     cursor: str | None = None  # opaque, from a previous Page
     limit: int = 100
+    newest_first: bool = False  # descending job id: ids sort by creation, so the newest jobs first
 
     def __post_init__(self) -> None:
         _check_texts(
@@ -117,8 +118,8 @@ class JobStore(Protocol):
         ...
 
     def list_jobs(self, query: JobQuery) -> Page[Job]:
-        """Jobs matching every given filter, ordered by job id then tenant, paginated by an opaque
-        cursor."""
+        """Jobs matching every given filter, ordered by job id then tenant (both descending with
+        `newest_first`: job ids sort by creation), paginated by an opaque cursor."""
         ...
 
     def update_job(self, job: Job) -> Job:

@@ -75,6 +75,9 @@ class Settings(BaseModel):
     api_workers: int = Field(default=1, ge=1, le=64)
     api_max_body_bytes: int = Field(default=1024 * 1024, gt=0)
     api_max_header_bytes: int = Field(default=16 * 1024, gt=0)
+    # Believe a proxy's `X-Forwarded-Proto: https` (the dashboard's cookies are then `Secure`).
+    api_trust_forwarded_proto: bool = False
+    ui_session_ttl_s: int = Field(default=12 * 3600, ge=60, le=30 * 86_400, description="dashboard sign-in")
     rate_limit_per_s: float = Field(default=100.0, gt=0, description="submissions per tenant per second")
     rate_limit_burst: int = Field(default=200, ge=1)
     # Webhook targets: private, loopback, link-local and metadata addresses are refused unless

@@ -63,6 +63,10 @@ def test_the_wheel_installs_nothing_at_the_top_level_but_jobq(wheel: Path) -> No
 def test_the_wheel_carries_its_data_files(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     data = [p for p in (REPO / "scheduler").rglob("*") if p.suffix in {".lua", ".sql"}]
+    data += [
+        p for p in (REPO / "scheduler" / "ui").rglob("*") if p.is_file() and p.parent.name in {"templates", "static"}
+    ]
+    assert any(p.name == "htmx.min.js" for p in data) and any(p.name == "htmx.LICENSE.txt" for p in data)
     for path in data:
         assert "jobq/" + str(path.relative_to(REPO / "scheduler")) in names
 

@@ -1,4 +1,5 @@
-"""The app factory: `create_app(deployment)` -> a FastAPI app serving `/v1`, health and metrics."""
+"""The app factory: `create_app(deployment)` -> a FastAPI app serving `/v1`, health and metrics,
+the OpenAPI document with `/docs` and `/redoc` (offline), and the dashboard at `/ui`."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from jobq.api import errors
+from jobq.api import docs, errors
 from jobq.api.middleware import GuardMiddleware
 from jobq.api.ratelimit import RateLimiter
 from jobq.api.routes import dead_letters, operations, router
@@ -75,6 +76,7 @@ def create_app(
         version="1",
         description=DESCRIPTION,
         lifespan=lifespan,
+        docs_url=None,  # served from package data by `jobq.api.docs`: no CDN
         redoc_url=None,
         openapi_tags=[
             {"name": "jobs", "description": "Jobs, their runs and actions."},
@@ -89,6 +91,10 @@ def create_app(
     errors.install(app)
     for included in ROUTERS:
         app.include_router(included)
+    docs.install(app)
+    from jobq.ui.pages import install as install_ui  # the dashboard imports the API's modules
+
+    install_ui(app, state)
     app.add_middleware(
         GuardMiddleware, max_body_bytes=settings.api_max_body_bytes, max_header_bytes=settings.api_max_header_bytes
     )

@@ -2,10 +2,10 @@
 
 Per request, in order: a request id (the caller's `X-Request-Id` when it is short and plain,
 else a new one) echoed in the response; `431` when the headers exceed `api_max_header_bytes`;
-for a request with a body, `415` unless it is JSON and `413` when it exceeds
-`api_max_body_bytes` (read up to the limit and no further, whether or not Content-Length was
-sent); then the app. An exception that escapes the app is logged with the request id and
-answered `500` with that id, never with a traceback.
+for a request with a body, `415` unless it is JSON (or, under `/ui/`, the dashboard's urlencoded
+forms) and `413` when it exceeds `api_max_body_bytes` (read up to the limit and no further,
+whether or not Content-Length was sent); then the app. An exception that escapes the app is
+logged with the request id and answered `500` with that id, never with a traceback.
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._\-]{1,64}$")
 _BODY_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
 _JSON_TYPE = re.compile(r"^application/([a-z0-9.+\-]+\+)?json\s*(;.*)?$", re.I)
+_FORM_TYPE = re.compile(r"^application/x-www-form-urlencoded\s*(;.*)?$", re.I)
+_FORM_PREFIX = "/ui/"  # the dashboard's forms; every other body is JSON
 
 REQUESTS = Counter("jobq_api_requests_total", "HTTP API requests by route and status.", ("method", "route", "status"))
 LATENCY = Histogram("jobq_api_request_seconds", "HTTP API request duration.", ("method", "route"))
@@ -109,8 +111,9 @@ class GuardMiddleware:
             raise _Reject(413, "body_too_large", f"the body is {length} bytes; the limit is {self.max_body_bytes}")
         if not chunked and not length:
             return receive
-        content_type = _header(headers, b"content-type") or ""
-        if not _JSON_TYPE.match(content_type.strip()):
+        content_type = (_header(headers, b"content-type") or "").strip()
+        is_form = str(scope["path"]).startswith(_FORM_PREFIX) and _FORM_TYPE.match(content_type)
+        if not _JSON_TYPE.match(content_type) and not is_form:
             raise _Reject(415, "unsupported_media_type", "send the body as Content-Type: application/json")
         body = bytearray()
         while True:

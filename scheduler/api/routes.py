@@ -26,7 +26,7 @@ from fastapi.responses import PlainTextResponse, Response
 from starlette.convertors import Convertor, register_url_convertor
 
 from jobq import tracing
-from jobq.api.auth import Principal
+from jobq.api.auth import Principal, ScopedClient, allowed_scope
 from jobq.api.errors import ApiError
 from jobq.api.middleware import API_METRICS
 from jobq.api.schemas import (
@@ -140,7 +140,7 @@ def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
 
 
 # Every /v1 operation may answer these; each route adds its own.
-COMMON_ERRORS = _errors(401, 413, 415, 422, 431, 500, 503)
+COMMON_ERRORS = _errors(401, 403, 413, 415, 422, 431, 500, 503)  # 403: `tenant_id` naming another tenant
 router = APIRouter(responses=COMMON_ERRORS, tags=["jobs"])
 dead_letters = APIRouter(responses=COMMON_ERRORS, tags=["dead letters"])
 operations = APIRouter(tags=["operations"], responses=_errors(500))
@@ -201,20 +201,17 @@ def create_job(
 ) -> Response:
     """Validate and store a job with its first runs, atomically with its Idempotency-Key.
 
-    `tenant_id` may be omitted (it is the token's); another tenant's id is `403`."""
-    if "tenant_id" in spec.model_fields_set and spec.tenant_id != token.tenant_id:
-        raise ApiError(
-            403,
-            "tenant_mismatch",
-            f"this token belongs to tenant {token.tenant_id!r}: omit tenant_id or send that one",
-            field="tenant_id",
-        )
-    wait_s = state.limiter.take(token.tenant_id)
+    `tenant_id` may be omitted (it is the token's); another tenant's id is `403`. An operator
+    token may name any tenant (none: `default`)."""
+    named = spec.tenant_id if "tenant_id" in spec.model_fields_set else None
+    scope = allowed_scope(token, named)
+    tenant = scope if scope is not None else spec.tenant_id  # an operator's job without tenant_id: `default`
+    wait_s = state.limiter.take(tenant)
     if wait_s > 0:
         raise ApiError(
             429,
             "rate_limited",
-            f"tenant {token.tenant_id!r} is submitting faster than {state.limiter.rate_per_s:g} jobs/s",
+            f"tenant {tenant!r} is submitting faster than {state.limiter.rate_per_s:g} jobs/s",
             headers={"Retry-After": str(max(1, math.ceil(wait_s)))},
         )
     fingerprint = spec.fingerprint()  # of the request as sent, before the tenant is filled in
@@ -223,7 +220,7 @@ def create_job(
         check_target(
             spec.target, state.policy, settings.webhook_max_headers, resolve=settings.webhook_resolve_at_submit
         )
-    client = Client(state.deployment, tenant_id=token.tenant_id)
+    client = Client(state.deployment, tenant_id=tenant)
     submitted = client.submit(
         spec,
         idempotency_key=idempotency_key,
@@ -263,26 +260,26 @@ def list_tasks(token: Principal, state: State) -> dict[str, Any]:
 
 @router.get("/v1/jobs", response_model=JobPage, responses=_errors(400), summary="List jobs")
 def list_jobs(
-    token: Principal,
-    state: State,
+    client: ScopedClient,
     status: JobStatus | None = None,
     priority: Priority | None = None,
     job_name_prefix: Annotated[Text | None, Query(max_length=200)] = None,
     cursor: Cursor = None,
     limit: Limit = 50,
 ) -> dict[str, Any]:
-    """The tenant's jobs ordered by job id, filtered by status, priority and job name prefix."""
+    """The tenant's jobs ordered by job id, filtered by status, priority and job name prefix (an
+    operator token's: every tenant's, unless `tenant_id` names one)."""
     if cursor is not None and not _JOB_CURSOR.fullmatch(cursor):
         raise ApiError(400, "invalid_cursor", "cursor is not a next_cursor this API returned", field="cursor")
     query = JobQuery(status=status, priority=priority, name_prefix=job_name_prefix, cursor=cursor, limit=limit)
-    page = _paged(lambda: state.client(token.tenant_id).list(query))
+    page = _paged(lambda: client.list(query))
     return {"items": [job_summary(j) for j in page.items], "next_cursor": page.next_cursor}
 
 
 @router.get("/v1/jobs/{job_id:jobq_job_id}", response_model=JobResource, responses=_errors(404), summary="Get a job")
-def get_job(job_id: JobId, token: Principal, state: State) -> dict[str, Any]:
+def get_job(job_id: JobId, client: ScopedClient) -> dict[str, Any]:
     """The job, its current run (state, lease holder, heartbeat, attempt, fence), next run time and run counts."""
-    return job_resource(state.client(token.tenant_id).get(job_id))
+    return job_resource(client.get(job_id))
 
 
 @router.delete(
@@ -292,10 +289,9 @@ def get_job(job_id: JobId, token: Principal, state: State) -> dict[str, Any]:
     responses=_errors(404, 409),
     summary="Cancel a job for good",
 )
-def delete_job(job_id: JobId, token: Principal, state: State) -> Response:
+def delete_job(job_id: JobId, client: ScopedClient) -> Response:
     """Cancel the job and its unfinished runs. Idempotent: a job already cancelled or completed is
     also `204`. Nothing is erased: the job, its runs and their history stay readable."""
-    client = state.client(token.tenant_id)
     try:
         client.cancel(job_id)
     except Conflict:
@@ -305,8 +301,7 @@ def delete_job(job_id: JobId, token: Principal, state: State) -> Response:
 
 
 def _action(name: str, doc: str, act: Callable[[Client, str], object]) -> None:
-    def handler(job_id: JobId, token: Principal, state: State) -> dict[str, Any]:
-        client = state.client(token.tenant_id)
+    def handler(job_id: JobId, client: ScopedClient) -> dict[str, Any]:
         act(client, job_id)
         return job_resource(client.get(job_id))
 
@@ -334,9 +329,9 @@ _action("resume", "Create runs again; recurring fires missed during the pause ar
     responses=_errors(404, 409),
     summary="Run a job once now",
 )
-def trigger_job(job_id: JobId, token: Principal, state: State) -> dict[str, Any]:
+def trigger_job(job_id: JobId, client: ScopedClient) -> dict[str, Any]:
     """Create one run now, outside the schedule (the job's policies and payload apply)."""
-    return run_resource(state.client(token.tenant_id).trigger(job_id))
+    return run_resource(client.trigger(job_id))
 
 
 @router.get(
@@ -345,12 +340,9 @@ def trigger_job(job_id: JobId, token: Principal, state: State) -> dict[str, Any]
     responses=_errors(400, 404),
     summary="List a job's runs with their attempts",
 )
-def list_runs(
-    job_id: JobId, token: Principal, state: State, cursor: Cursor = None, limit: Limit = 50
-) -> dict[str, Any]:
+def list_runs(job_id: JobId, client: ScopedClient, cursor: Cursor = None, limit: Limit = 50) -> dict[str, Any]:
     """The job's runs, newest first, each with its attempts (start, end, worker, outcome, error)
     and its history events."""
-    client = state.client(token.tenant_id)
     page = _paged(lambda: client.runs(job_id, cursor=cursor, limit=limit))
     by_run: dict[str, list[RunEvent]] = {}
     for e in client.history(job_id, limit=HISTORY_LIMIT):
@@ -368,19 +360,20 @@ def list_runs(
     responses=_errors(404),
     summary="Get a run and its result",
 )
-def get_run(run_id: RunId, token: Principal, state: State) -> dict[str, Any]:
-    """The run (of this token's tenant) with its result: the task's return value once it succeeded,
-    or why there is none (`result_state`). Poll until `result_state` is not `PENDING`."""
-    client = state.client(token.tenant_id)
+def get_run(run_id: RunId, client: ScopedClient) -> dict[str, Any]:
+    """The run (of this token's tenant; any tenant's for an operator) with its result: the task's
+    return value once it succeeded, or why there is none (`result_state`). Poll until
+    `result_state` is not `PENDING`."""
     run = client.run(run_id)
     found = read_result(run, client.clock.now_ms(), client.d.settings.result_ttl_s)
     return {**run_resource(run), **found.as_json()}
 
 
 @dead_letters.get("/v1/dlq", response_model=DeadLetterPage, responses=_errors(400), summary="List dead letters")
-def list_dead_letters(token: Principal, state: State, cursor: Cursor = None, limit: Limit = 50) -> dict[str, Any]:
-    """The tenant's FAILED runs on the dead-letter list, newest first."""
-    page = _paged(lambda: state.client(token.tenant_id).dead_letters(cursor=cursor, limit=limit))
+def list_dead_letters(client: ScopedClient, cursor: Cursor = None, limit: Limit = 50) -> dict[str, Any]:
+    """The tenant's FAILED runs on the dead-letter list, newest first (an operator's: every tenant's,
+    unless `tenant_id` names one)."""
+    page = _paged(lambda: client.dead_letters(cursor=cursor, limit=limit))
     return {"items": [run_resource(r) for r in page.items], "next_cursor": page.next_cursor}
 
 
@@ -390,9 +383,9 @@ def list_dead_letters(token: Principal, state: State, cursor: Cursor = None, lim
     responses=_errors(404, 409),
     summary="Redrive a dead letter",
 )
-def redrive(run_id: RunId, token: Principal, state: State) -> dict[str, Any]:
+def redrive(run_id: RunId, client: ScopedClient) -> dict[str, Any]:
     """Schedule the dead-lettered run again now, as attempt N+1."""
-    return run_resource(state.client(token.tenant_id).redrive(run_id))
+    return run_resource(client.redrive(run_id))
 
 
 @operations.get("/healthz", response_model=Health, summary="Liveness")

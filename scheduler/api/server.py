@@ -54,6 +54,7 @@ def serve(settings: Settings) -> None:
         "log_config": None,  # jobq's own log configuration; the access log is jobq.api's
         "access_log": False,
         "server_header": False,
+        "proxy_headers": False,  # X-Forwarded-* is believed only as `api_trust_forwarded_proto` says
         "timeout_graceful_shutdown": _GRACE_S,
         "h11_max_incomplete_event_size": settings.api_max_header_bytes + 4096,
     }
@@ -107,6 +108,7 @@ class ApiServer(Daemon):
             log_config=None,
             access_log=False,
             server_header=False,
+            proxy_headers=False,
             timeout_graceful_shutdown=_GRACE_S,
             lifespan="on",
         )

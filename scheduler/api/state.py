@@ -20,8 +20,9 @@ class ApiState:
     policy: NetPolicy
     limiter: RateLimiter
 
-    def client(self, tenant_id: str) -> Client:
-        """A client confined to `tenant_id`: another tenant's jobs and runs do not exist for it."""
+    def client(self, tenant_id: str | None) -> Client:
+        """A client confined to `tenant_id`: another tenant's jobs and runs do not exist for it.
+        None (an operator token's scope) is a client of every tenant."""
         return Client(self.deployment, tenant_id=tenant_id)
 
 

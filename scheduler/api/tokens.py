@@ -1,4 +1,5 @@
-"""API tokens: `jobq_<random>` secrets shown once, stored as their SHA-256, mapped to one tenant."""
+"""API tokens: `jobq_<random>` secrets shown once, stored as their SHA-256, mapped to one tenant (or,
+for an operator token, to every tenant: `jobq.models.OPERATOR_TENANT`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import cast
 
 from jobq.deployment import Deployment
 from jobq.errors import ConfigError, InvalidJob
-from jobq.models import ApiToken
+from jobq.models import OPERATOR_TENANT, ApiToken
 from jobq.ports import TenantStore
 
 TOKEN_PREFIX = "jobq_"
@@ -36,9 +37,12 @@ def well_formed(token: str) -> bool:
     return bool(_TOKEN_SHAPE.match(token))
 
 
-def issue_token(tenants: TenantStore, tenant_id: str, now_ms: int, name: str = "") -> tuple[ApiToken, str]:
-    """Create and store a token for `tenant_id`; returns the record and the secret (shown once)."""
-    if not TENANT_PATTERN.match(tenant_id):
+def issue_token(tenants: TenantStore, tenant_id: str | None, now_ms: int, name: str = "") -> tuple[ApiToken, str]:
+    """Create and store a token for `tenant_id`, or an operator token (every tenant) when it is None;
+    returns the record and the secret (shown once)."""
+    if tenant_id is None:
+        tenant_id = OPERATOR_TENANT
+    elif not TENANT_PATTERN.match(tenant_id):
         raise InvalidJob(f"tenant id {tenant_id!r} must be 1-128 of A-Z a-z 0-9 _ . -", field="tenant_id")
     secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
     record = ApiToken(

@@ -194,10 +194,11 @@ class DynamoStore:
         return {j.key: j for j in jobs}
 
     def list_jobs(self, query: JobQuery) -> Page[Job]:
-        """Ordered by job id (then tenant) through GSI3 (``JOBS#<tenant>#<shard>``, sorted by id):
-        with a tenant, 16 shard queries from the cursor, merged; then one batch read of the page's
-        documents. Without a tenant there is no partition to query, so GSI3 is scanned (16 segments
-        in parallel) and the smallest keys kept: that costs a read of every job's index entry."""
+        """Ordered by job id (then tenant; both descending with `newest_first`) through GSI3
+        (``JOBS#<tenant>#<shard>``, sorted by id): with a tenant, 16 shard queries from the cursor,
+        merged; then one batch read of the page's documents. Without a tenant there is no partition
+        to query, so GSI3 is scanned (16 segments in parallel) and the first keys kept: that costs a
+        read of every job's index entry."""
         e = Expr()
         if query.status is not None:
             e.when("status", "=", as_s(query.status.value))
@@ -208,33 +209,44 @@ class DynamoStore:
         want = query.limit + 1
         after = parse_job_cursor(query.cursor) if query.cursor else None
 
-        def beyond(key: tuple[str, str]) -> bool:  # (job id, tenant) after the cursor
+        newest = query.newest_first
+
+        def beyond(key: tuple[str, str]) -> bool:  # (job id, tenant) after the cursor, in listing order
             if after is None:
                 return True
-            return key[0] > after[0] if after[1] is None else key > (after[0], after[1])
+            if after[1] is None:
+                return key[0] < after[0] if newest else key[0] > after[0]
+            return key < (after[0], after[1]) if newest else key > (after[0], after[1])
 
         if query.tenant_id is not None:
             partitions = [f"JOBS#{tenant_segment(query.tenant_id)}#{n}" for n in range(SHARDS)]
-            if query.id_prefix and (after is None or after[0] < query.id_prefix):
-                entries = self._gsi_shards("GSI3", partitions, want + 1, "begins_with", as_s(query.id_prefix), e)
-            elif query.id_prefix and after is not None:
+            prefix = query.id_prefix
+            if prefix and (after is None or (not newest and after[0] < prefix) or (newest and after[0] > prefix + "~")):
+                entries = self._gsi_shards("GSI3", partitions, want + 1, "begins_with", as_s(prefix), e, newest=newest)
+            elif prefix and after is not None and (after[0] < prefix if newest else after[0] > prefix + "~"):
+                entries = []  # the cursor is past every id with the prefix
+            elif prefix and after is not None:
                 # Job ids are ASCII below `~`: every id with the prefix sorts before prefix + "~".
-                bounds = (as_s(after[0]), as_s(query.id_prefix + "~"))
-                entries = self._gsi_shards("GSI3", partitions, want + 1, "BETWEEN", bounds, e)
+                low, high = (prefix, after[0]) if newest else (after[0], prefix + "~")
+                entries = self._gsi_shards(
+                    "GSI3", partitions, want + 1, "BETWEEN", (as_s(low), as_s(high)), e, newest=newest
+                )
             else:
                 bound = as_s(after[0]) if after is not None else None
-                entries = self._gsi_shards("GSI3", partitions, want + 1, ">=", bound, e)
+                entries = self._gsi_shards(
+                    "GSI3", partitions, want + 1, "<=" if newest else ">=", bound, e, newest=newest
+                )
         else:
             if query.id_prefix:
                 e.conditions.append(f"begins_with({e.n('GSI3SK')}, {e.v(as_s(query.id_prefix))})")
             if after is not None:
-                e.when("GSI3SK", ">=", as_s(after[0]))
+                e.when("GSI3SK", "<=" if newest else ">=", as_s(after[0]))
             filters = e.take_filter()
             projection = f"{e.n('GSI3SK')}, {e.n('tenant_id')}"
             scan = e.finish(IndexName="GSI3", ProjectionExpression=projection, TotalSegments=SHARDS, **filters)
             segments = self.table.parallel(lambda s: self.table.query_all(None, Segment=s, **scan), list(range(SHARDS)))
             entries = [i for rows in segments for i in rows]
-        found = sorted({(i["GSI3SK"]["S"], i["tenant_id"]["S"]) for i in entries})
+        found = sorted({(i["GSI3SK"]["S"], i["tenant_id"]["S"]) for i in entries}, reverse=newest)
         keys = [k for k in found if beyond(k)][:want]
         page = [JobKey(tenant, job_id) for job_id, tenant in keys[: query.limit]]
         jobs = self.get_jobs(page)

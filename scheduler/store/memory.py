@@ -97,10 +97,13 @@ def parse_job_cursor(cursor: str) -> tuple[str, str | None]:
     return job_id, tenant if sep else None
 
 
-def after_job_cursor(job: Job, cursor: str) -> bool:
+def after_job_cursor(job: Job, cursor: str, descending: bool = False) -> bool:
+    """Whether `job` comes after `cursor` in a listing (ascending, or descending for `newest_first`)."""
     job_id, tenant = parse_job_cursor(cursor)
     if tenant is None:
-        return job.job_id > job_id
+        return job.job_id < job_id if descending else job.job_id > job_id
+    if descending:
+        return (job.job_id, job.tenant_id) < (job_id, tenant)
     return (job.job_id, job.tenant_id) > (job_id, tenant)
 
 
@@ -158,10 +161,10 @@ class MemoryStore:
     def list_jobs(self, query: JobQuery) -> Page[Job]:
         with self._lock:
             jobs = [j for j in self._jobs.values() if job_matches(j, query)]
-        jobs.sort(key=lambda j: (j.job_id, j.tenant_id))
+        jobs.sort(key=lambda j: (j.job_id, j.tenant_id), reverse=query.newest_first)
         if query.cursor:
             cursor = query.cursor
-            jobs = [j for j in jobs if after_job_cursor(j, cursor)]
+            jobs = [j for j in jobs if after_job_cursor(j, cursor, query.newest_first)]
         page = [j.model_copy() for j in jobs[: query.limit]]
         more = len(jobs) > query.limit
         return Page(page, job_cursor(page[-1]) if more and page else None)

@@ -370,13 +370,14 @@ class PostgresStore:
     def list_jobs(self, query: JobQuery) -> Page[Job]:
         where: list[str] = []
         params: list[Any] = []
+        past = "<" if query.newest_first else ">"
         if query.cursor:
             job_id, tenant = parse_job_cursor(query.cursor)
             if tenant is None:
-                where.append("job_id > %s")
+                where.append(f"job_id {past} %s")
                 params.append(job_id)
             else:
-                where.append("(job_id, tenant_id) > (%s, %s)")
+                where.append(f"(job_id, tenant_id) {past} (%s, %s)")
                 params.extend([job_id, tenant])
         if query.tenant_id is not None:
             where.append("tenant_id = %s")
@@ -394,7 +395,8 @@ class PostgresStore:
             where.append("starts_with(job_id, %s)")
             params.append(query.id_prefix)
         clause = f"WHERE {' AND '.join(where)}" if where else ""
-        sql = f"SELECT {_JOB_COLUMNS} FROM {{jobs}} {clause} ORDER BY job_id, tenant_id LIMIT %s"
+        order = "job_id DESC, tenant_id DESC" if query.newest_first else "job_id, tenant_id"
+        sql = f"SELECT {_JOB_COLUMNS} FROM {{jobs}} {clause} ORDER BY {order} LIMIT %s"
         rows = self.db.read(sql, [*params, query.limit + 1])
         jobs = [job_from_row(r) for r in rows[: query.limit]]
         return Page(jobs, job_cursor(jobs[-1]) if len(rows) > query.limit and jobs else None)

@@ -379,13 +379,14 @@ class SqliteStore:
     def list_jobs(self, query: JobQuery) -> Page[Job]:
         where: list[str] = []
         params: list[Any] = []
+        past = "<" if query.newest_first else ">"
         if query.cursor:
             job_id, tenant = parse_job_cursor(query.cursor)
             if tenant is None:
-                where.append("job_id > ?")
+                where.append(f"job_id {past} ?")
                 params.append(job_id)
             else:
-                where.append("(job_id > ? OR (job_id = ? AND tenant_id > ?))")
+                where.append(f"(job_id {past} ? OR (job_id = ? AND tenant_id {past} ?))")
                 params.extend([job_id, job_id, tenant])
         if query.tenant_id is not None:
             where.append("tenant_id = ?")
@@ -408,7 +409,8 @@ class SqliteStore:
                 where.append("job_id < ?")
                 params.append(query.id_prefix[:-1] + chr(ord(query.id_prefix[-1]) + 1))
         clause = f"WHERE {' AND '.join(where)}" if where else ""
-        sql = f"SELECT {_JOB_COLUMNS} FROM jobq_jobs {clause} ORDER BY job_id, tenant_id LIMIT ?"
+        order = "job_id DESC, tenant_id DESC" if query.newest_first else "job_id, tenant_id"
+        sql = f"SELECT {_JOB_COLUMNS} FROM jobq_jobs {clause} ORDER BY {order} LIMIT ?"
         rows = self.db.read(sql, [*params, query.limit + 1])
         jobs = [job_from_row(r) for r in rows[: query.limit]]
         return Page(jobs, job_cursor(jobs[-1]) if len(rows) > query.limit and jobs else None)

@@ -57,3 +57,21 @@ def test_the_api_and_dev_commands_take_their_options() -> None:
     assert all(option in api_help for option in ("--host", "--port", "--workers"))
     dev_help = CliRunner().invoke(cli, ["dev", "--help"]).output
     assert "--no-api" in dev_help and "--api-port" in dev_help
+
+
+def test_an_operator_token_is_created_with_operator_and_listed_as_one(tmp_path: Path) -> None:
+    code, out = _run(tmp_path, "tokens", "create", "--operator", "--name", "ops", "--json")
+    assert code == 0, out
+    created = json.loads(out)
+    assert created["operator"] is True and created["tenant_id"] is None
+    _run(tmp_path, "tokens", "create", "--tenant", "acme")
+    code, out = _run(tmp_path, "tokens", "list", "--operator", "--json")
+    assert code == 0 and [(t["token_id"], t["operator"]) for t in json.loads(out)] == [(created["token_id"], True)]
+    code, out = _run(tmp_path, "tokens", "list")
+    assert code == 0 and "* (operator)" in out
+
+
+def test_a_token_needs_exactly_one_of_tenant_or_operator(tmp_path: Path) -> None:
+    for args in ((), ("--tenant", "acme", "--operator")):
+        code, out = _run(tmp_path, "tokens", "create", *args)
+        assert code == 2 and "--operator" in out and len(out.strip().splitlines()) == 1

@@ -224,6 +224,39 @@ class TestJobs:
             cursor = page.next_cursor
         assert seen == [f"job_{i}" for i in range(7)]
 
+    @pytest.mark.parametrize("tenant", [None, "t2"])
+    def test_newest_first_lists_jobs_by_descending_id_across_pages(self, store: JobStore, tenant: str | None) -> None:
+        for i in range(7):
+            store.create_job(make_job(f"job_{i}", tenant_id=tenant or ("t1" if i % 2 else "t2")), [])
+        store.create_job(make_job("job_3", tenant_id="t2" if tenant is None else "t3"), [])  # an id two tenants hold
+        seen, cursor = [], None
+        while True:
+            page = store.list_jobs(JobQuery(tenant_id=tenant, cursor=cursor, limit=3, newest_first=True))
+            seen += [(j.job_id, j.tenant_id) for j in page.items]
+            if page.next_cursor is None:
+                break
+            cursor = page.next_cursor
+        expected = sorted(
+            [(f"job_{i}", tenant or ("t1" if i % 2 else "t2")) for i in range(7)]
+            + ([("job_3", "t2")] if tenant is None else []),
+            reverse=True,
+        )
+        assert seen == expected
+
+    @pytest.mark.parametrize("tenant", [None, "t1"])
+    def test_newest_first_pages_through_an_id_prefix(self, store: JobStore, tenant: str | None) -> None:
+        for job_id in ("aaa", "app.a", "app.b", "app.c", "app.d", "app.e", "apq", "zzz"):
+            store.create_job(make_job(job_id, tenant_id="t1"), [])
+        seen, cursor = [], None
+        while True:
+            query = JobQuery(tenant_id=tenant, id_prefix="app.", cursor=cursor, limit=2, newest_first=True)
+            page = store.list_jobs(query)
+            seen += [j.job_id for j in page.items]
+            if page.next_cursor is None:
+                break
+            cursor = page.next_cursor
+        assert seen == ["app.e", "app.d", "app.c", "app.b", "app.a"]
+
 
 class TestRuns:
     def test_adding_runs_is_idempotent_and_returns_only_new_ones(self, store: JobStore) -> None:

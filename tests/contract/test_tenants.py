@@ -9,7 +9,7 @@ from jobq.client import Client
 from jobq.daemons.base import event
 from jobq.deployment import Deployment
 from jobq.errors import Conflict, DuplicateJob, IdempotencyConflict, JobNotFound
-from jobq.models import ApiToken, JobKey, JobStatus, RunState, TaskTarget
+from jobq.models import OPERATOR_TENANT, ApiToken, JobKey, JobStatus, RunState, TaskTarget
 from jobq.ports import JobQuery, TenantStore
 from jobq.submission import JobSpec
 
@@ -127,3 +127,13 @@ def test_the_same_idempotency_key_and_job_id_in_two_tenants_make_two_jobs(deploy
     assert (again.created, again.job.tenant_id, again.job.name) == (False, "acme", "a")
     with pytest.raises(IdempotencyConflict):
         globex.submit(_spec("globex", job_name="changed"), idempotency_key="key-1")
+
+
+def test_an_operator_token_is_stored_as_one_and_listed_apart(store: TenantStore) -> None:  # noqa: F811
+    store.put_token(_token("tok_op", OPERATOR_TENANT, "hop"))
+    store.put_token(_token("tok_t1", "t1", "ht1", T0 + 1))
+    found = store.find_token("hop")
+    assert found is not None and found.operator and found.scope is None
+    tenant = store.find_token("ht1")
+    assert tenant is not None and not tenant.operator and tenant.scope == "t1"
+    assert [t.token_id for t in store.list_tokens(OPERATOR_TENANT)] == ["tok_op"]
