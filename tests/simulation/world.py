@@ -355,7 +355,9 @@ class World:
             self.pause_returned.pop(job_id, None)  # from here on, runs may start again
             self.resuming[job_id] = self.resuming.get(job_id, 0) + 1
             self.resumes[job_id] = self.resumes.get(job_id, 0) + 1
-        resumes_before = self.resumes.get(job_id, 0)
+        # A resume in flight when the pause begins may take effect after it (seed 191): the pause
+        # then promises nothing, which -1 (never a count) records.
+        resumes_before = -1 if op == "pause" and self.resuming.get(job_id) else self.resumes.get(job_id, 0)
         return (lambda: (op, job_id, getattr(client, op)(job_id), resumes_before)), job_id
 
     def client_done(self, actor: Actor, job_id: str | None = None) -> None:
