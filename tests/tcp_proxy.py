@@ -66,6 +66,10 @@ class TcpProxy:
         except OSError:
             pass
         finally:
+            # shutdown before close: a close alone does not wake the other direction's thread
+            # blocked in recv, which keeps the socket open, so its peer would wait forever.
             for sock in (src, dst):
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
                 with contextlib.suppress(OSError):
                     sock.close()

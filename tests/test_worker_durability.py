@@ -131,6 +131,41 @@ def test_a_start_batch_that_applied_and_then_raised_still_runs_its_tasks(h: Harn
     assert all(h.client.get(j).current_run.attempt == 1 for j in jobs)  # type: ignore[union-attr]
 
 
+def test_a_start_batch_whose_confirmation_meets_the_same_outage_still_runs_its_tasks(h: Harness) -> None:
+    """The starts applied, the answer was lost, and the store stayed away for the first reads that
+    asked which had applied: the worker asks again instead of dropping runs it holds (they sat
+    RUNNING, unexecuted and unrenewed, until the reaper took them back at attempt 2)."""
+    noop = _noop(h)
+    plan = FaultPlan()
+    worker = _faulty(h, plan)
+    jobs = [noop.delay().job_id for _ in range(3)]
+    plan.script("store", "transition", "after", when=lambda ts: ts[0].to_state is RunState.RUNNING)
+    plan.script("store", "get_runs", "before", times=2)
+    worker.run_once(h.clock.now_ms())
+    assert worker.state.busy() == 3, "the starts that applied are held and run"
+    assert worker.state.wait(lambda: worker.state.executing() == 0, 5)
+    _finish(h, worker, jobs)
+    assert all(h.client.get(j).current_run.attempt == 1 for j in jobs)  # type: ignore[union-attr]
+
+
+def test_a_start_batch_that_failed_before_applying_returns_its_messages(h: Harness) -> None:
+    """Nothing applied: the runs are still DISPATCHED, so their messages go back to the broker and
+    start on a later take. They were acked as stale before, and each run waited for the reaper's
+    schedule-to-start repair."""
+    noop = _noop(h)
+    plan = FaultPlan()
+    worker = _faulty(h, plan)
+    jobs = [noop.delay().job_id for _ in range(3)]
+    plan.script("store", "transition", "before", when=lambda ts: ts[0].to_state is RunState.RUNNING)
+    worker.run_once(h.clock.now_ms())
+    assert worker.state.busy() == 0
+    h.advance(2)  # past the returned messages' delay
+    worker.run_once(h.clock.now_ms())
+    assert worker.state.wait(lambda: worker.state.executing() == 0, 5)
+    _finish(h, worker, jobs)
+    assert all(h.client.get(j).current_run.attempt == 1 for j in jobs)  # type: ignore[union-attr]
+
+
 def test_a_broker_error_after_runs_started_keeps_their_slots_and_messages(h: Harness) -> None:
     release = threading.Event()
 

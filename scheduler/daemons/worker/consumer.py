@@ -13,6 +13,7 @@ and fail the start compare-and-set then.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -91,11 +92,12 @@ class Consumer:
         attempts: list[Attempt] = []
         if wanted:
             try:
-                attempts, ended = self._start(wanted)
+                attempts, ended, again = self._start(wanted)
             except Exception:
                 self._settle(ack=drop, nack=[w.delivery for w in wanted] + retry_later)
                 raise
             drop += ended
+            retry_later += again
             attempts, refused = self._fresh(attempts)
             drop += refused
         self._settle(ack=drop, nack=retry_later, delay_s=1.0)
@@ -170,23 +172,31 @@ class Consumer:
         failing_ids = {id(w) for w in failing}
         return failing, [w.delivery for w in unserved if id(w) not in failing_ids]
 
-    def _start(self, wanted: list[_Wanted]) -> tuple[list[Attempt], list[Delivery]]:
+    def _start(self, wanted: list[_Wanted]) -> tuple[list[Attempt], list[Delivery], list[Delivery]]:
         """One job read and one transition batch: starts, and the ends of runs whose job is gone,
-        cancelled or paused. Returns the attempts started and the deliveries to drop."""
+        cancelled or paused. Returns the attempts started, the deliveries to drop, and those to
+        return to the broker (their write did not apply because the batch failed, not because
+        the run moved on)."""
         jobs = self._jobs(wanted)
         now = self.d.clock.now_ms()
         moves: list[Transition] = []
         for w in wanted:
             moves.append(self._start_or_end(w.envelope, jobs.get(w.envelope.run_id), now))
+        failed = False
         try:
             results = self.d.store.transition(moves)
         except Exception:
-            results = self._confirm(moves, now)  # a start may have applied before the error
+            failed = True
+            results = self._confirm_until_known(moves, now)  # a start may have applied before the error
         attempts: list[Attempt] = []
         ended: list[Delivery] = []
+        again: list[Delivery] = []
         events = []
         held: list[IndexEntry] = []
         for w, move, run in zip(wanted, moves, results, strict=True):
+            if run is None and failed:
+                again.append(w.delivery)  # not applied: the run is where it was, and its message must stay
+                continue
             if run is None or move.to_state is not RunState.RUNNING:
                 if run is None:
                     METRICS.stale_deliveries.inc()
@@ -207,7 +217,7 @@ class Consumer:
                 self.d.index.add(held)
             except Exception:  # beat's repair re-indexes it when it is overdue
                 self.log.exception("could not index %d runs held for their paused job", len(held))
-        return attempts, ended
+        return attempts, ended, again
 
     def _jobs(self, wanted: list[_Wanted]) -> dict[str, Job]:
         """The job of each message, by run id: one read by the envelopes' job keys. Jobs are never
@@ -322,6 +332,21 @@ class Consumer:
             },
             at_ms=now,
         )
+
+    def _confirm_until_known(self, moves: Sequence[Transition], now: int) -> list[Run | None]:
+        """`_confirm`, asked again while the store stays away (the error was an outage) for up to
+        half a lease: a start that applied but was never confirmed would hold its run under this
+        worker's lease, neither executed nor renewed, until the lease ran out and cost an attempt."""
+        deadline = time.monotonic() + self.d.settings.lease_s / 2
+        delay = 0.1
+        while True:
+            try:
+                return self._confirm(moves, now)
+            except Exception:
+                if time.monotonic() + delay > deadline:
+                    raise
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
 
     def _confirm(self, moves: Sequence[Transition], now: int) -> list[Run | None]:
         """After a start batch raised: which of its writes applied all the same. A start that did
