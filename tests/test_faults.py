@@ -148,6 +148,7 @@ def test_flushing_the_time_index_mid_run_loses_nothing_because_beat_repairs_it(
     assert all(code == 0 for code in codes.values()), (codes, procs.logs())
 
 
+@pytest.mark.timeout(300)  # its own waits add up to more than the default 120 s
 def test_a_stalled_redis_holds_up_no_outcome_and_duplicates_no_finished_run(workdir: Path, redis: PrivateRedis) -> None:
     """Redis (broker and index) is SIGSTOPped past the leases, not killed: nothing crashes, so no
     run may execute twice. Workers keep writing outcomes and renewing leases in the store while
