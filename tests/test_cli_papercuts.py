@@ -181,7 +181,12 @@ def test_jobq_status_has_one_status_row_and_the_last_run_success_and_error(run: 
             raise RuntimeError("second run fails")
 
     job = h.client.submit(
-        {"schedule_type": "CRON", "cron_expression": "* * * * *", "target": {"type": "TASK", "task": "t.flaky"}}
+        {
+            "schedule_type": "CRON",
+            "cron_expression": "* * * * *",
+            "overlap_policy": "BUFFER_ALL",
+            "target": {"type": "TASK", "task": "t.flaky"},
+        }
     ).job.job_id
     h.worker().start()
     for _ in range(2):
