@@ -10,6 +10,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from socket import socket
 from typing import Any
 
+from jobq.api.tokens import tenant_store
+from jobq.daemons.scanner import Scanner
+from jobq.daemons.worker import Worker
+from jobq.deployment import Deployment
+from jobq.netpolicy import NetPolicy
+from jobq.tasks import TaskRegistry
+from jobq.webhooks import HttpWebhookCaller
+
 # A public address the fake resolvers answer with; tests never send traffic to it.
 PUBLIC_IP = "93.184.215.14"
 
@@ -135,3 +143,21 @@ def iter_pages(fetch: Callable[[str | None], dict[str, Any]]) -> Iterator[dict[s
         cursor = page["next_cursor"]
         if cursor is None:
             return
+
+
+def drive(d: Deployment, rounds: int = 10) -> None:
+    """Scan and work until nothing more is due now: a real scanner and worker (webhooks to
+    loopback allowed) on the deployment."""
+    caller = HttpWebhookCaller(tenant_store(d), NetPolicy(["127.0.0.0/8"]))
+    worker = Worker(d, TaskRegistry(), webhook=caller, concurrency=1)
+    scanner = Scanner(d, scanner_id="scanner-test")
+    try:
+        for _ in range(rounds):
+            moved = scanner.run_once(d.clock.now_ms())
+            worked = worker.run_once(d.clock.now_ms())
+            assert worker.wait_idle(10)
+            if not moved and not worked:
+                break
+    finally:
+        worker.shutdown()
+        caller.close()

@@ -14,17 +14,14 @@ from factories import make_job
 from jobq.api.ratelimit import RateLimiter
 from jobq.api.tokens import hash_token, tenant_store
 from jobq.client import Client
-from jobq.daemons.scanner import Scanner
 from jobq.daemons.worker import Worker
 from jobq.deployment import Deployment
 from jobq.models import Priority, RetryPolicy, Schedule, ScheduleType
-from jobq.netpolicy import NetPolicy
 from jobq.store.sqlite import SqliteStore
 from jobq.tasks import TaskDef, TaskRegistry
-from jobq.webhooks import HttpWebhookCaller
 
 from .conftest import Api
-from .support import Receiver, Reply, webhook_job
+from .support import Receiver, Reply, drive, webhook_job
 
 CRON = {
     "job_name": "monthly_billing_aggregation",
@@ -260,23 +257,6 @@ def test_delete_cancels_is_idempotent_and_keeps_the_job_readable(acme: httpx.Cli
 # -- runs and dead letters, with a real webhook caller and worker ------------------------------
 
 
-def _drive(d: Deployment, rounds: int = 10) -> None:
-    """Scan and work until nothing more is due now (retries use a zero backoff in these tests)."""
-    caller = HttpWebhookCaller(tenant_store(d), NetPolicy(["127.0.0.0/8"]))
-    worker = Worker(d, TaskRegistry(), webhook=caller, concurrency=1)
-    scanner = Scanner(d, scanner_id="scanner-test")
-    try:
-        for _ in range(rounds):
-            moved = scanner.run_once(d.clock.now_ms())
-            worked = worker.run_once(d.clock.now_ms())
-            assert worker.wait_idle(10)
-            if not moved and not worked:
-                break
-    finally:
-        worker.shutdown()
-        caller.close()
-
-
 NO_WAIT = {"max_retries": 3, "initial_interval_sec": 0, "max_interval_sec": 0}
 
 
@@ -294,7 +274,7 @@ def local_api(serve_api: Callable[..., Api], make_deployment: Callable[..., Depl
 def test_runs_list_each_attempt_with_timings_outcome_and_error(local_api: Api, flaky: Receiver) -> None:
     client = local_api.as_tenant("acme")
     job_id = client.post("/v1/jobs", json=webhook_job(flaky.url, retry_policy=NO_WAIT)).json()["job_id"]
-    _drive(local_api.d)
+    drive(local_api.d)
     [run] = client.get(f"/v1/jobs/{job_id}/runs").json()["items"]
     assert (run["state"], run["attempt"], run["result"]) == ("SUCCEEDED", 2, {"status": 200, "body": "done"})
     first, second = run["attempts"]
@@ -309,7 +289,7 @@ def test_a_failed_run_is_a_dead_letter_that_can_be_redriven(local_api: Api, rece
     refusing = receiver(Reply(400, b"bad input"))
     client = local_api.as_tenant("acme")
     job_id = client.post("/v1/jobs", json=webhook_job(refusing.url, retry_policy=NO_WAIT)).json()["job_id"]
-    _drive(local_api.d)
+    drive(local_api.d)
     [dead] = client.get("/v1/dlq").json()["items"]
     assert (dead["job_id"], dead["state"], dead["dead_letter"]) == (job_id, "FAILED", True)
     assert dead["result"] == {"status": 400, "body": "bad input"} and len(refusing.requests) == 1
@@ -328,7 +308,7 @@ def test_another_tenant_cannot_read_list_change_or_redrive_a_job(
     a, b = local_api.as_tenant("tenant-a"), local_api.as_tenant("tenant-b")
     failing = receiver(Reply(404, b"gone"))
     job_id = a.post("/v1/jobs", json=webhook_job(failing.url, retry_policy=NO_WAIT)).json()["job_id"]
-    _drive(local_api.d)
+    drive(local_api.d)
     [dead] = a.get("/v1/dlq").json()["items"]
     assert b.get("/v1/jobs").json()["items"] == [] and b.get("/v1/dlq").json()["items"] == []
     for response in (

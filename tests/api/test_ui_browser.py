@@ -19,17 +19,12 @@ import pytest
 
 from jobq.api.tokens import issue_token, tenant_store
 from jobq.client import Client
-from jobq.daemons.scanner import Scanner
-from jobq.daemons.worker import Worker
 from jobq.deployment import Deployment
 from jobq.models import JobKey
-from jobq.netpolicy import NetPolicy
 from jobq.registry import DaemonRecord, Role
-from jobq.tasks import TaskRegistry
-from jobq.webhooks import HttpWebhookCaller
 
 from .conftest import Api
-from .support import Receiver, Reply, webhook_job
+from .support import Receiver, Reply, drive, webhook_job
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -128,23 +123,6 @@ def visit(browser: Any, tmp_path: Path) -> Iterator[Callable[..., Visit]]:
 @pytest.fixture
 def local_api(serve_api: Callable[..., Api], make_deployment: Callable[..., Deployment]) -> Api:
     return serve_api(make_deployment(webhook_allow_cidrs=("127.0.0.0/8",)), resolver=None)
-
-
-def drive(d: Deployment, rounds: int = 10) -> None:
-    """Scan and work until nothing more is due now: a real scanner and worker on the deployment."""
-    caller = HttpWebhookCaller(tenant_store(d), NetPolicy(["127.0.0.0/8"]))
-    worker = Worker(d, TaskRegistry(), webhook=caller, concurrency=1)
-    scanner = Scanner(d, scanner_id="scanner-ui-test")
-    try:
-        for _ in range(rounds):
-            moved = scanner.run_once(d.clock.now_ms())
-            worked = worker.run_once(d.clock.now_ms())
-            assert worker.wait_idle(10)
-            if not moved and not worked:
-                break
-    finally:
-        worker.shutdown()
-        caller.close()
 
 
 def _cron_job(d: Deployment, tenant: str, name: str) -> str:
