@@ -141,6 +141,33 @@ def test_a_start_batch_whose_confirmation_meets_the_same_outage_still_runs_its_t
     jobs = [noop.delay().job_id for _ in range(3)]
     plan.script("store", "transition", "after", when=lambda ts: ts[0].to_state is RunState.RUNNING)
     plan.script("store", "get_runs", "before", times=2)
+    for _ in range(3):  # the first take's read and the next take's fail; the third take's answers
+        worker.run_once(h.clock.now_ms())
+    assert worker.state.busy() == 3, "the starts that applied are held and run"
+    assert worker.state.wait(lambda: worker.state.executing() == 0, 5)
+    _finish(h, worker, jobs)
+    assert all(h.client.get(j).current_run.attempt == 1 for j in jobs)  # type: ignore[union-attr]
+
+
+def test_a_start_whose_outcome_stays_unknown_through_a_long_outage_runs_once_the_store_answers(h: Harness) -> None:
+    """The store went away while committing a start batch and stayed away for longer than any
+    fixed wait (here 40 takes, well past half a lease on the clock). The worker keeps the messages
+    and asks again on each take, consuming nothing new meanwhile; once the store answers, the runs
+    whose start applied execute at attempt 1. It used to wait half a lease, then return the
+    messages: the runs sat RUNNING, unexecuted and unrenewed, until the reaper took them back at
+    attempt 2 (issue 9, a PostgreSQL outage on every pool)."""
+    noop = _noop(h)
+    plan = FaultPlan()
+    worker = _faulty(h, plan)
+    jobs = [noop.delay().job_id for _ in range(3)]
+    plan.script("store", "transition", "after", when=lambda ts: ts[0].to_state is RunState.RUNNING)
+    plan.script("store", "get_runs", "before", times=40)
+    consumed = 0
+    for _ in range(40):
+        consumed += worker.run_once(h.clock.now_ms())
+        h.advance(0.5)
+        assert worker.state.busy() == 0
+    assert consumed == 3, "nothing new is taken while the outcome of a start is unknown"
     worker.run_once(h.clock.now_ms())
     assert worker.state.busy() == 3, "the starts that applied are held and run"
     assert worker.state.wait(lambda: worker.state.executing() == 0, 5)

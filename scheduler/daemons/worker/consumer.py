@@ -13,7 +13,6 @@ and fail the start compare-and-set then.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -41,6 +40,16 @@ class _Wanted:
     task: TaskDef | None  # None: nobody serves it (after enough redeliveries): it fails at once
 
 
+@dataclass
+class _Doubtful:
+    """A start batch whose write raised, and whose outcome could not be read back yet."""
+
+    wanted: list[_Wanted]
+    moves: list[Transition]
+    jobs: dict[str, Job]
+    now: int
+
+
 class Consumer:
     def __init__(
         self,
@@ -65,9 +74,12 @@ class Consumer:
         self.webhook = webhook
         self.on_done = on_done
         self.log = logging.getLogger("jobq.worker")
+        self._doubtful: list[_Doubtful] = []
 
     def take(self, wait_s: float = 0.0) -> int:
         """Consume up to the free slots' worth of deliveries and start them; the number taken."""
+        if self._doubtful and not self._resolve():
+            return 0  # the store is still away: nothing new could start either
         free = self.state.free()
         if free <= 0:
             return 0
@@ -98,6 +110,11 @@ class Consumer:
                 raise
             drop += ended
             retry_later += again
+        return self._launch(attempts, drop, retry_later)
+
+    def _launch(self, attempts: list[Attempt], drop: list[Delivery], retry_later: list[Delivery]) -> list[Attempt]:
+        """Settle the deliveries that will not run here, and hand the started attempts to the pool."""
+        if attempts:
             attempts, refused = self._fresh(attempts)
             drop += refused
         self._settle(ack=drop, nack=retry_later, delay_s=1.0)
@@ -182,12 +199,50 @@ class Consumer:
         moves: list[Transition] = []
         for w in wanted:
             moves.append(self._start_or_end(w.envelope, jobs.get(w.envelope.run_id), now))
-        failed = False
         try:
             results = self.d.store.transition(moves)
         except Exception:
-            failed = True
-            results = self._confirm_until_known(moves, now)  # a start may have applied before the error
+            try:
+                results = self._confirm(moves, now)  # a start may have applied before the error
+            except Exception:
+                self._doubtful.append(_Doubtful(wanted, moves, jobs, now))
+                self.log.warning(
+                    "a start batch of %d raised and the store is away: its messages wait until it answers",
+                    len(moves),
+                )
+                return [], [], []
+            return self._started(wanted, moves, results, jobs, now, failed=True)
+        return self._started(wanted, moves, results, jobs, now, failed=False)
+
+    def _resolve(self) -> bool:
+        """Settle the start batches whose write raised and whose outcome could not be read back
+        then (the store went away mid-commit): read them now. A start that applied holds its run
+        under this worker's lease, so giving up on it (returning its message) would leave the run
+        neither executed nor renewed until its lease ran out and cost an attempt; until the store
+        answers, the messages stay here. Returns whether none is left."""
+        while self._doubtful:
+            batch = self._doubtful[0]
+            try:
+                results = self._confirm(batch.moves, batch.now)
+            except Exception as exc:
+                self.log.debug("the outcome of a start batch is still unknown: %s", exc)
+                return False
+            self._doubtful.pop(0)
+            self._launch(*self._started(batch.wanted, batch.moves, results, batch.jobs, batch.now, failed=True))
+        return True
+
+    def _started(
+        self,
+        wanted: list[_Wanted],
+        moves: list[Transition],
+        results: Sequence[Run | None],
+        jobs: dict[str, Job],
+        now: int,
+        *,
+        failed: bool,
+    ) -> tuple[list[Attempt], list[Delivery], list[Delivery]]:
+        """The attempts a start batch began, the deliveries to drop, and those to return (`failed`:
+        the batch raised, so a write that did not apply left its run where it was)."""
         attempts: list[Attempt] = []
         ended: list[Delivery] = []
         again: list[Delivery] = []
@@ -332,21 +387,6 @@ class Consumer:
             },
             at_ms=now,
         )
-
-    def _confirm_until_known(self, moves: Sequence[Transition], now: int) -> list[Run | None]:
-        """`_confirm`, asked again while the store stays away (the error was an outage) for up to
-        half a lease: a start that applied but was never confirmed would hold its run under this
-        worker's lease, neither executed nor renewed, until the lease ran out and cost an attempt."""
-        deadline = time.monotonic() + self.d.settings.lease_s / 2
-        delay = 0.1
-        while True:
-            try:
-                return self._confirm(moves, now)
-            except Exception:
-                if time.monotonic() + delay > deadline:
-                    raise
-                time.sleep(delay)
-                delay = min(delay * 2, 1.0)
 
     def _confirm(self, moves: Sequence[Transition], now: int) -> list[Run | None]:
         """After a start batch raised: which of its writes applied all the same. A start that did
