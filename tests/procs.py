@@ -26,6 +26,8 @@ class Processes:
         extra_env: Mapping[str, str] | None = None,
         command: Sequence[str] = JOBQ,
     ) -> subprocess.Popen[bytes]:
+        if (earlier := self.procs.get(name)) is not None and earlier.poll() is None:
+            raise RuntimeError(f"{name} is still running: stop it before starting it again")
         with open(self.workdir / f"{name}.log", "ab") as log:  # the child keeps its own descriptor
             proc = subprocess.Popen(
                 [*command, *args], cwd=self.workdir, env={**self.env, **(extra_env or {})}, stdout=log, stderr=log
@@ -39,6 +41,10 @@ class Processes:
         proc.wait(timeout=10)
 
     def stop_all(self, timeout_s: float = 20) -> dict[str, int | None]:
+        """Stop every process; called from a `finally` while a test is failing, it prints their logs
+        first (pytest shows a failed test's output), so a failure seen only in CI can be read."""
+        if sys.exc_info()[0] is not None:
+            print(self.logs())
         for proc in self.procs.values():
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
@@ -49,6 +55,7 @@ class Processes:
                 codes[name] = proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 proc.kill()
+                proc.wait(timeout=10)  # reaped here, or its Popen warns "still running" in a later test
                 codes[name] = None
         return codes
 
@@ -72,7 +79,7 @@ class Processes:
         for name in self.procs:
             path = self.workdir / f"{name}.log"
             text = path.read_text(errors="replace") if path.exists() else ""
-            parts.append(f"===== {name} =====\n{text[-6000:]}")
+            parts.append(f"===== {name} =====\n{text[-12000:]}")
         return "\n".join(parts)
 
 
