@@ -19,6 +19,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -307,6 +308,42 @@ def test_redis_extend_keeps_a_delivery_from_every_consumer(redis_broker: Broker)
     assert second.consume(["default"], max_messages=1, wait_s=1.5) == []
     first.ack([delivery])
     assert first.depth("default") == 0
+
+
+def test_redis_a_take_whose_reply_is_lost_in_a_stall_comes_back_at_once(tmp_path: Path) -> None:
+    """Redis is stopped (SIGSTOP) while a consume waits for its reply; the client gives up after
+    its socket timeout, and Redis runs the command when it resumes. The deliveries it took are
+    pushed back as soon as Redis answers again, instead of being popped and lost until the
+    reaper's schedule-to-start repair (5 minutes by default: the stalled-Redis fault test)."""
+    import os
+
+    from private_redis import PrivateRedis
+
+    from jobq.transport.kombu import KombuTransport
+
+    server = PrivateRedis(tmp_path)
+    server.start()
+    transport = KombuTransport(server.url, visibility_timeout_s=300.0, transport_options={"socket_timeout": 0.5})
+    try:
+        assert transport.consume(["default"], max_messages=1, wait_s=0) == []  # its periodic restore is done
+        transport.publish("default", [b"job"])
+        assert server.proc is not None
+        os.kill(server.proc.pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(TransportUnavailable):
+                transport.consume(["default"], max_messages=1, wait_s=0)
+        finally:
+            os.kill(server.proc.pid, signal.SIGCONT)
+        found = []
+        deadline = time.monotonic() + 5
+        while not found and time.monotonic() < deadline:
+            found = transport.consume(["default"], max_messages=1, wait_s=0.2)
+        assert [(d.body, d.delivery_count) for d in found] == [(b"job", 2)]
+        transport.ack(found)
+        assert transport.depth("default") == 0
+    finally:
+        transport.close()
+        server.stop()
 
 
 # --- RabbitMQ

@@ -17,6 +17,7 @@ from jobq.transport.kombu.broker import (
     BrokerMessage,
     KombuConnection,
     as_bytes,
+    log,
     quietly,
     translate_kombu_error,
 )
@@ -31,6 +32,33 @@ PUBLISHED_MS_HEADER = "x-jobq-published-ms"
 
 # Redis: at most this many overdue deliveries are restored per consume.
 _RESTORE_BATCH = 100
+
+# A take whose reply was lost is looked for, and its deliveries pushed back, for this long after
+# Redis answers again: the lost command runs when the stall ends, maybe after our first new one.
+_RECLAIM_WINDOW_S = 10.0
+
+# Pop up to ARGV[1] messages from KEYS[1]; in each, count the delivery in its headers; record it
+# in kombu's unacked index (KEYS[2], score ARGV[2]) and hash (KEYS[3]: [payload, exchange, routing
+# key]); return the payloads. One script, so a message is never popped without its bookkeeping.
+_TAKE_SCRIPT = """
+local items = redis.call('RPOP', KEYS[1], ARGV[1])
+if not items then return {} end
+local out = {}
+for _, item in ipairs(items) do
+  local payload = cjson.decode(item)
+  if type(payload.headers) ~= 'table' then payload.headers = {} end
+  payload.headers[ARGV[3]] = (tonumber(payload.headers[ARGV[3]]) or 0) + 1
+  local properties = payload.properties
+  local info = properties.delivery_info or {}
+  local raw = cjson.encode(payload)
+  local route = cjson.encode(info.exchange or '') .. ',' .. cjson.encode(info.routing_key or ARGV[4])
+  local saved = '[' .. raw .. ',' .. route .. ']'
+  redis.call('ZADD', KEYS[2], ARGV[2], properties.delivery_tag)
+  redis.call('HSET', KEYS[3], properties.delivery_tag, saved)
+  out[#out + 1] = raw
+end
+return out
+"""
 
 
 @functools.cache
@@ -66,39 +94,35 @@ def _redis_transport_class() -> type:
             payload["headers"] = headers
             return payload
 
-        def get_many(self, queue: str, limit: int) -> list[Any]:
-            """Up to `limit` messages of `queue` in two round trips, where `basic_get` takes two per
-            message: one RPOP with a count, then kombu's ack bookkeeping (its unacked hash and index,
-            exactly as `QoS.append` writes them) for all of them: one ZADD and one HSET."""
-            from kombu.utils import json as kombu_json  # kombu's encoder: the payload round-trips as kombu wrote it
+        def get_many(self, queue: str, limit: int, taken_at: float) -> list[Any]:
+            """Up to `limit` messages of `queue` in one round trip, where `basic_get` takes two per
+            message: a script pops them, counts the delivery in each one's headers and writes
+            kombu's ack bookkeeping (its unacked hash and index, as `QoS.append` writes them, scored
+            `taken_at`) in one atomic step. A pop and its bookkeeping in two commands lost the
+            messages whenever the pop's reply did (a Redis stall past the socket timeout): gone from
+            the list and never in the unacked hash, until the reaper's schedule-to-start repair."""
+            from kombu.utils import json as kombu_json  # kombu's decoder, as for any payload it wrote
 
-            dumps: Any = kombu_json.dumps
             loads: Any = kombu_json.loads
-
-            with self.conn_or_acquire() as client:
-                items = client.rpop(self._q_for_pri(queue, 0), limit) or []
-            messages = []
-            for item in items:
-                payload = loads(item if isinstance(item, str) else item.decode())
-                headers = payload.get("headers") or {}
-                headers[_DELIVERY_COUNT_HEADER] = int(headers.get(_DELIVERY_COUNT_HEADER, 0)) + 1
-                payload["headers"] = headers
-                messages.append(self.Message(payload, channel=self))
-            if not messages:
-                return messages
             qos = self.qos
-            now = time.time()
-            index = {m.delivery_tag: now for m in messages}
-            saved = {
-                m.delivery_tag: dumps([m._raw, m.delivery_info["exchange"], m.delivery_info["routing_key"]])
-                for m in messages
-            }
-            with qos.pipe_or_acquire() as pipe:
-                pipe.zadd(qos.unacked_index_key, index).hset(qos.unacked_key, mapping=saved).execute()
+            prefix = self.global_keyprefix
+            keys = (prefix + self._q_for_pri(queue, 0), prefix + qos.unacked_index_key, prefix + qos.unacked_key)
+            with self.conn_or_acquire() as client:
+                items = client.eval(_TAKE_SCRIPT, 3, *keys, limit, repr(taken_at), _DELIVERY_COUNT_HEADER, queue)
+            payloads = [loads(item if isinstance(item, str) else item.decode()) for item in items]
+            messages = [self.Message(payload, channel=self) for payload in payloads]
             base_append = super(type(qos), qos).append  # the in-process half of QoS.append
             for m in messages:
                 base_append(m, m.delivery_tag)
             return messages
+
+        def taken_at(self, score: float) -> list[str]:
+            """The tags of the deliveries a `get_many` scored `score` took (and nobody acked or
+            restored since)."""
+            key = self.global_keyprefix + self.qos.unacked_index_key
+            with self.conn_or_acquire() as client:
+                tags = client.zrangebyscore(key, repr(score), repr(score))
+            return [t if isinstance(t, str) else t.decode() for t in tags]
 
         def publish_many(self, queue: str, bodies: Sequence[bytes]) -> None:
             """`basic_publish` of every body to `queue` (the anonymous exchange), with one LPUSH:
@@ -168,6 +192,9 @@ class RedisBroker:
         # Overdue deliveries return at most this late: a quarter of the timeout, within bounds.
         self._restore_every_s = min(max(visibility_timeout_s / 4, 0.05), 10.0)
         self._next_restore = float("-inf")  # time.monotonic() of the next restore
+        # Takes that raised, by score: None until Redis answered a search for them, then the
+        # time.monotonic() after which no search is needed any more.
+        self._in_doubt: dict[float, float | None] = {}
         self._connection: Any = None
         self._channel: Any = None
 
@@ -176,8 +203,17 @@ class RedisBroker:
         self._open().publish_many(name, bodies)
 
     def get(self, name: str, limit: int, wait_s: int) -> list[BrokerMessage]:
+        channel = self._open()
+        if self._in_doubt:
+            self._reclaim(channel)
+        taken_at = time.time()
+        try:
+            taken = channel.get_many(name, limit, taken_at)
+        except Exception:
+            self._in_doubt[taken_at] = None  # it may run all the same once Redis answers
+            raise
         found: list[BrokerMessage] = []
-        for message in self._open().get_many(name, limit):
+        for message in taken:
             tag = str(message.delivery_tag)
             count = int((message.headers or {}).get(_DELIVERY_COUNT_HEADER, 1))
             found.append(BrokerMessage(tag, tag, as_bytes(message.body), count))
@@ -272,6 +308,21 @@ class RedisBroker:
                 raise
             self._connection = connection
         return self._channel
+
+    def _reclaim(self, channel: Any) -> None:
+        """Push back, at the head of their queues, the deliveries of takes whose reply was lost:
+        nobody holds them, so they would otherwise wait out the visibility timeout."""
+        now = time.monotonic()
+        for score, until in list(self._in_doubt.items()):
+            tags = channel.taken_at(score)
+            for tag in tags:
+                channel.qos.restore_by_tag(tag)  # RPUSH: the next one RPOP takes
+            if tags:
+                log.warning("pushed back %d deliveries taken by a call whose reply was lost", len(tags))
+            if until is None:
+                self._in_doubt[score] = now + _RECLAIM_WINDOW_S
+            elif now > until:
+                del self._in_doubt[score]
 
     def _hide(self, channel: Any, tags: Sequence[object], seconds: float) -> None:
         # kombu restores a delivery once its unacked_index score (the time it was taken) is older
