@@ -201,18 +201,10 @@ def test_a_stalled_redis_holds_up_no_outcome_and_duplicates_no_finished_run(work
     assert all(code == 0 for code in codes.values()), (codes, procs.logs())
 
 
-# Known bug, open in issue 9's note: on prefork one run in a few hundred keeps no lease renewal
-# after the outage and is reclaimed at attempt 2 (threads and gevent hold every outcome).
-_PREFORK_OUTAGE_BUG = pytest.mark.xfail(
-    reason="prefork: one run per outage may lose its lease renewal and run again at attempt 2 (issue 9)",
-    strict=False,
-)
-
-
 # The pools whose outcome path differs most: prefork (the default: outcomes come back from
 # children), threads, and gevent (store calls yield to the hub while PostgreSQL is away).
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("pool", [pytest.param("prefork", marks=_PREFORK_OUTAGE_BUG), "threads", "gevent"])
+@pytest.mark.parametrize("pool", ["prefork", "threads", "gevent"])
 def test_a_store_outage_during_completion_loses_no_outcome(workdir: Path, pool: str) -> None:
     """PostgreSQL is cut off (connections dropped, new ones refused) for 4 s while tasks finish:
     workers hold the finished attempts, keep retrying their outcome writes and renewing their

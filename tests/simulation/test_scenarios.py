@@ -117,3 +117,21 @@ def test_fire_once_now_after_a_scanner_outage_runs_the_newest_missed_fire(world:
     assert newest_missed in dispatched, "the newest missed fire stands for the misses"
     late = [n for n in dispatched if n <= now - 60_000]
     assert late == [newest_missed], "and it is the only late one that runs"
+
+
+def test_a_start_whose_outcome_is_unknown_runs_once_at_attempt_1_when_the_store_answers(world: World) -> None:
+    """The start batch applied and then raised, and the read asking which writes applied failed
+    too: the worker keeps the delivery and asks again on its next take, where it once returned the
+    message and left the run RUNNING under its lease, unexecuted, for the reaper (issue 9)."""
+    job_id = _task(world).schedule(job_id="u1").job_id  # type: ignore[attr-defined]
+    world.faults.arm("w0.take", "store", "transition", "after")
+    world.faults.arm("w0.take", "store", "get_runs", "before")
+    _pass(world, "w0.take")
+    assert _runs(world, job_id)[0][0] is RunState.RUNNING, "the start applied"
+    assert world.workers[0].worker.state.busy() == 0, "but the worker does not know it yet"  # type: ignore[union-attr]
+    _pass(world, "w0.take")
+    assert world.workers[0].worker.state.busy() == 1, "the next take asked again and holds it"  # type: ignore[union-attr]
+    settle(world)
+    assert world.violations == []
+    runs = world.raw.store.list_runs(RunQuery(job=JobKey("default", job_id), limit=10)).items
+    assert [(r.state, r.attempt) for r in runs] == [(RunState.SUCCEEDED, 1)]
