@@ -152,11 +152,14 @@ def dev(
 
     settings = dev_settings(_settings(options, queues=_queues(queues), concurrency=concurrency, api_port=api_port))
     app, registry = load_apps(apps)
+    from jobq.daemons.worker.pools import pool_for
+
+    pool = pool_for(settings, registry)  # before any thread or connection, as for `jobq worker`
     _observe(settings, "dev")
     d = connect(settings)
     app.use(d)
     caller = webhook_caller(d)
-    worker = Worker(d, registry, webhook=caller)
+    worker = Worker(d, registry, webhook=caller, pool=pool)
     daemons: list[Daemon] = [Beat(d), Scanner(d), worker, Reaper(d)]
     served = dev_api(d) if serve_api else None
     console.print(
@@ -270,6 +273,10 @@ def worker(
     if settings.pool == "gevent":
         _patch_for_gevent()
     app, registry = load_apps(apps)
+    from jobq.daemons.worker.pools import pool_for
+
+    # Before any thread or connection: a prefork pool forks its zygote here (see pools/prefork.py).
+    tasks_pool = pool_for(settings, registry)
     _observe(settings, "worker")
     if not registry.names():
         err_console.print("warning: no tasks registered (pass -A MODULE); every run will be handed on")
@@ -280,7 +287,7 @@ def worker(
 
     caller = webhook_caller(d)
     try:
-        run_until_stopped(d, [Worker(d, registry, worker_id=worker_id, webhook=caller)])
+        run_until_stopped(d, [Worker(d, registry, worker_id=worker_id, webhook=caller, pool=tasks_pool)])
     finally:
         if caller is not None:
             caller.close()

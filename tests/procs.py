@@ -70,6 +70,21 @@ class Processes:
                 continue
         return found
 
+    def descendants(self, name: str) -> list[int]:
+        """The pids of the process's children, their children, and so on (Linux)."""
+        found: list[int] = []
+        todo = [self.procs[name].pid]
+        while todo:
+            pid = todo.pop()
+            for task in Path(f"/proc/{pid}/task").glob("*"):
+                try:
+                    kids = [int(c) for c in (task / "children").read_text().split()]
+                except OSError:
+                    continue
+                found += kids
+                todo += kids
+        return found
+
     def log(self, name: str) -> str:
         path = self.workdir / f"{name}.log"
         return path.read_text(errors="replace") if path.exists() else ""

@@ -60,6 +60,55 @@ def test_prefork_replaces_a_child_after_max_tasks_per_child(tmp_path: Path, cloc
         h.close()
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_prefork_children_start_with_every_lock_free_while_the_worker_s_threads_use_sqlite(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    """A fork copies every lock as it is at that instant. Children the worker forked itself, while
+    its threads were inside SQLite, hung for ever in their first `sqlite3.connect` (SQLite's
+    allocator mutex, copied held): about once in a hundred forks, a slot lost for good (the
+    stalled-Redis fault test on the SQLite store). Children now come from the zygote, forked before
+    those threads exist. Every task here runs in a fresh child while three threads use SQLite."""
+    import sqlite3
+    import threading
+
+    h = Harness("sqlite", tmp_path, clock, max_tasks_per_child=1)
+    stop = threading.Event()
+    side = str(tmp_path / "side.db")
+    try:
+
+        @h.app.task(name="t.sqlite")
+        def use_sqlite() -> int:
+            conn = sqlite3.connect(side, timeout=30)
+            try:
+                return int(conn.execute("SELECT 1").fetchone()[0])
+            finally:
+                conn.close()
+
+        handles = [use_sqlite.delay() for _ in range(400)]
+        h.dispatch()
+        worker = h.worker(pool="prefork", concurrency=2)  # the pool (and its zygote) before the threads
+
+        def use_sqlite_here() -> None:
+            while not stop.is_set():
+                conn = sqlite3.connect(str(tmp_path / "busy.db"), timeout=30)
+                with conn:
+                    conn.execute("CREATE TABLE IF NOT EXISTS t (x)")
+                    conn.execute("INSERT INTO t VALUES (?)", (b"x" * 1000,))
+                conn.close()
+
+        for _ in range(3):
+            threading.Thread(target=use_sqlite_here, daemon=True).start()
+        h.work(worker, rounds=1000)  # fails if a child hangs: the worker is not idle within 10 s
+        runs = [h.client.get(handle.job_id).current_run for handle in handles]
+        assert {(r.state, r.result) for r in runs if r is not None} == {(RunState.SUCCEEDED, 1)}
+        assert len(runs) == 400
+    finally:
+        stop.set()
+        h.close()
+
+
 LEAK: list[bytes] = []
 
 

@@ -20,7 +20,7 @@ from jobq.daemons.worker.broker import BrokerLane
 from jobq.daemons.worker.completer import Completer
 from jobq.daemons.worker.consumer import Consumer
 from jobq.daemons.worker.monitor import LeaseMonitor
-from jobq.daemons.worker.pools import Pool, PoolOptions, make_pool
+from jobq.daemons.worker.pools import Pool, pool_for
 from jobq.daemons.worker.state import WorkerState
 from jobq.deployment import Deployment
 from jobq.ids import new_worker_id
@@ -73,12 +73,7 @@ class Worker(Daemon):
         lease_ms = round(self.settings.lease_s * 1000)
         self.state = WorkerState(self.concurrency)
         if pool is None or isinstance(pool, str):
-            options = PoolOptions(
-                registry=registry,
-                max_tasks_per_child=self.settings.max_tasks_per_child,
-                max_memory_per_child_kib=self.settings.max_memory_per_child_kib,
-            )
-            pool = make_pool(pool or self.settings.pool or "threads", options)
+            pool = pool_for(self.settings.with_overrides(pool=pool) if pool else self.settings, registry)
         self.pool = pool
         self.consumer = Consumer(
             deployment,

@@ -14,11 +14,14 @@ from __future__ import annotations
 import ctypes
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from jobq.daemons.worker.attempt import Attempt, AttemptKey, Outcome
 from jobq.errors import ConfigError, SoftTimeLimitExceeded
 from jobq.tasks import TaskRegistry
+
+if TYPE_CHECKING:
+    from jobq.settings import Settings
 
 Done = Callable[[AttemptKey, Outcome], None]
 
@@ -65,6 +68,17 @@ class PoolOptions:
     registry: TaskRegistry | None = None
     max_tasks_per_child: int | None = None
     max_memory_per_child_kib: int | None = None
+
+
+def pool_for(settings: Settings, registry: TaskRegistry) -> Pool:
+    """The pool `settings` ask for (threads when they name none), serving `registry`. A prefork
+    pool forks its zygote here: build it before the process starts threads or opens connections."""
+    options = PoolOptions(
+        registry=registry,
+        max_tasks_per_child=settings.max_tasks_per_child,
+        max_memory_per_child_kib=settings.max_memory_per_child_kib,
+    )
+    return make_pool(settings.pool or "threads", options)
 
 
 def make_pool(name: str, options: PoolOptions | None = None) -> Pool:

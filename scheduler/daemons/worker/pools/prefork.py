@@ -14,6 +14,15 @@ attempt with `WorkerLost` and the exit status, and the slot forks a new child. C
 recycled between tasks after `max_tasks_per_child` tasks or once their resident memory passes
 `max_memory_per_child_kib` (KiB). A child whose parent dies exits within a second.
 
+Children are not forked by the worker but by a zygote: a process the pool forks when it is built,
+before the worker starts its threads or opens its store (the CLI builds the pool first). A fork
+copies every lock as it is at that instant, and a worker's threads hold some all the time (SQLite's
+allocator mutex whenever a thread is inside SQLite): a child forked from the worker itself hung
+for ever in its first `sqlite3.connect` about once in a hundred forks under load. The zygote has
+one thread and does nothing but fork, so its children start with every lock free. The worker
+talks to it over a socket (a fork request carries the child's end of its pipe; the zygote answers
+with the pid, and with the exit status when asked), and the zygote exits when the worker does.
+
 Tasks are looked up by name in the registry the child inherited; a task the registry does not
 hold (the built-in webhook task, built per run) runs on a thread in the parent: it is I/O, and
 its HTTP client with its connection pool lives there. Outcomes travel back as data: the return
@@ -31,6 +40,8 @@ import os
 import pickle
 import queue
 import signal
+import socket
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -47,7 +58,8 @@ from jobq.tasks import TaskContext, TaskRegistry
 log = logging.getLogger("jobq.worker")
 
 _POLL_S = 0.05  # how often a parent thread looks at its child and the attempt's flags while it runs
-_ORPHAN_CHECK_S = 1.0  # how often a child checks that its parent is alive
+_ORPHAN_CHECK_S = 1.0  # how often a child (and the zygote) checks that its parent is alive
+_ALIVE_CHECK_S = 1.0  # how often a parent thread asks whether its busy child still lives
 _CLOSE_GRACE_S = 2.0  # at close, how long children get to exit before they are killed
 _STOP = None
 _FLAGS = ("lease_lost", "cancelled")
@@ -63,11 +75,8 @@ class _Running:
     ctx: TaskContext | None = None
 
 
-def _child_main(conn: Connection, registry: TaskRegistry, options: PoolOptions, others: list[Connection]) -> None:
+def _child_main(conn: Connection, registry: TaskRegistry, options: PoolOptions) -> None:
     """A child's life: run one attempt at a time until told to stop, recycled, or orphaned."""
-    for other in others:  # siblings' parent ends, inherited by the fork: close them, so a dead
-        with contextlib.suppress(OSError):  # parent's pipes read as closed in its children
-            other.close()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent decides
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     running = _Running()
@@ -97,9 +106,9 @@ def _child_main(conn: Connection, registry: TaskRegistry, options: PoolOptions, 
             work.put(_STOP)
 
     def watch_parent() -> None:
-        while os.getppid() == parent:
+        while os.getppid() == parent:  # the zygote, which lives as long as the worker
             time.sleep(_ORPHAN_CHECK_S)
-        os._exit(1)  # the parent died (kill -9): its leases expire and the reaper retries the runs
+        os._exit(1)  # the worker died (kill -9): its leases expire and the reaper retries the runs
 
     threading.Thread(target=read, name="jobq-child-reader", daemon=True).start()
     threading.Thread(target=watch_parent, name="jobq-child-orphan", daemon=True).start()
@@ -129,6 +138,128 @@ def _child_main(conn: Connection, registry: TaskRegistry, options: PoolOptions, 
         if retire:
             break
     conn.close()
+
+
+# --- the zygote ----------------------------------------------------------------------------
+
+
+def _zygote_main(sock: socket.socket, registry: TaskRegistry, options: PoolOptions, worker: int) -> None:
+    """Fork a child for each request, and tell the exit status of a child when asked; exit when
+    the worker closes its end or dies. One thread, no I/O but this socket: every lock is free."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    sock.settimeout(_ORPHAN_CHECK_S)
+    while os.getppid() == worker:
+        try:
+            message, fds, _, _ = socket.recv_fds(sock, 4096, 1)
+        except TimeoutError:
+            continue
+        except OSError:
+            return
+        if not message:
+            return  # the worker closed the pool
+        request = pickle.loads(message)
+        if request[0] == "fork":
+            pid = os.fork()
+            if pid == 0:  # the child
+                try:
+                    sock.close()
+                    _child_main(Connection(fds[0]), registry, options)
+                finally:
+                    for stream in (sys.stdout, sys.stderr):
+                        with contextlib.suppress(Exception):
+                            stream.flush()
+                    os._exit(0)
+            os.close(fds[0])
+            reply: Any = pid
+        else:  # ("poll", pid): its exit code (negative: the signal) once it ended, else None
+            for fd in fds:
+                os.close(fd)
+            try:
+                done, status = os.waitpid(request[1], os.WNOHANG)
+                reply = os.waitstatus_to_exitcode(status) if done else None
+            except ChildProcessError:
+                reply = -signal.SIGKILL  # already reaped: it was asked before
+        sock.sendall(pickle.dumps(reply))
+
+
+class _Zygote:
+    """The worker's side of the zygote (see the module's docstring)."""
+
+    def __init__(self, registry: TaskRegistry, options: PoolOptions) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        worker = os.getpid()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                ours.close()
+                _zygote_main(theirs, registry, options, worker)
+            finally:
+                os._exit(0)
+        theirs.close()
+        self.pid = pid
+        self._sock = ours
+        self._lock = threading.Lock()
+
+    def fork(self) -> tuple[_Child, Connection]:
+        """A new child, and the worker's end of its pipe."""
+        ours, theirs = multiprocessing.Pipe(duplex=True)
+        try:
+            pid = self._ask(("fork",), [theirs.fileno()])
+        finally:
+            theirs.close()
+        return _Child(pid, self), ours
+
+    def poll(self, pid: int) -> int | None:
+        code: int | None = self._ask(("poll", pid))
+        return code
+
+    def close(self) -> None:
+        with self._lock, contextlib.suppress(OSError):
+            self._sock.close()
+        deadline = time.monotonic() + _CLOSE_GRACE_S
+        while time.monotonic() < deadline:
+            with contextlib.suppress(ChildProcessError):
+                if os.waitpid(self.pid, os.WNOHANG)[0]:
+                    return
+            time.sleep(0.01)
+        with contextlib.suppress(ProcessLookupError, ChildProcessError):
+            os.kill(self.pid, signal.SIGKILL)
+            os.waitpid(self.pid, 0)
+
+    def _ask(self, request: tuple[Any, ...], fds: list[int] | None = None) -> Any:
+        with self._lock:
+            socket.send_fds(self._sock, [pickle.dumps(request)], fds or [])
+            reply = self._sock.recv(4096)
+        if not reply:
+            raise OSError("the prefork zygote is gone")
+        return pickle.loads(reply)
+
+
+@dataclass
+class _Child:
+    """A child process of the zygote, as the pool needs it (the parts of `multiprocessing.Process`)."""
+
+    pid: int
+    zygote: _Zygote
+    exitcode: int | None = None
+
+    def is_alive(self) -> bool:
+        if self.exitcode is None:
+            with contextlib.suppress(OSError):  # no zygote: it is gone, and the children with it
+                self.exitcode = self.zygote.poll(self.pid)
+                return self.exitcode is None
+            self.exitcode = -signal.SIGKILL
+        return False
+
+    def join(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while self.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
 
 
 def _should_retire(done_count: int, options: PoolOptions) -> bool:
@@ -213,7 +344,7 @@ class _Slot:
     """One child and the parent thread that feeds it."""
 
     number: int
-    process: Any = None  # multiprocessing.Process
+    process: _Child | None = None
     conn: Connection | None = None
     attempt: Attempt | None = None
     killed: set[AttemptKey] = field(default_factory=set)  # attempts stopped by the hard limit
@@ -225,7 +356,7 @@ class PreforkPool:
     def __init__(self, options: PoolOptions | None = None) -> None:
         self.options = options or PoolOptions()
         self._registry = self.options.registry or TaskRegistry()
-        self._context = multiprocessing.get_context("fork")
+        self._zygote = _Zygote(self._registry, self.options)
         self._work: queue.Queue[tuple[Attempt, Done] | None] = queue.Queue()
         self._lock = threading.Lock()
         self._slots: list[_Slot] = []
@@ -266,7 +397,7 @@ class PreforkPool:
 
     def interrupt(self, attempt: Attempt) -> bool:
         slot = self._slot_running(attempt)
-        if slot is None or slot.process is None or slot.process.pid is None:
+        if slot is None or slot.process is None:
             return False
         with contextlib.suppress(ProcessLookupError):
             os.kill(slot.process.pid, signal.SIGUSR1)
@@ -280,9 +411,8 @@ class PreforkPool:
         with self._lock:
             slot.killed.add(attempt.key)
         process = slot.process
-        if process is not None and process.pid is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(process.pid, signal.SIGKILL)
+        if process is not None:
+            process.kill()
             process.join(5)
         return True
 
@@ -314,6 +444,7 @@ class PreforkPool:
             if process.is_alive():
                 process.kill()
                 process.join(2)
+        self._zygote.close()
 
     # -- figures --------------------------------------------------------------------------------
 
@@ -324,7 +455,7 @@ class PreforkPool:
 
     def child_pids(self) -> list[int]:
         with self._lock:
-            return [s.process.pid for s in self._slots if s.process is not None and s.process.pid is not None]
+            return [s.process.pid for s in self._slots if s.process is not None]
 
     # -- the parent's thread per slot -----------------------------------------------------------
 
@@ -355,6 +486,7 @@ class PreforkPool:
         # Every field of the context but its flags, which the child keeps and this thread forwards.
         fields = {f.name: getattr(ctx, f.name) for f in dataclasses.fields(ctx) if f.name not in _FLAGS}
         forwarded: set[str] = set()
+        next_check = time.monotonic() + _ALIVE_CHECK_S
         try:
             try:
                 conn.send(("run", attempt.key, attempt.task.name, attempt.payload, fields))
@@ -364,13 +496,15 @@ class PreforkPool:
                             forwarded.add(flag)
                             conn.send(("flag", attempt.key, flag))
                     if conn.poll(_POLL_S):
-                        _, key, data, retire = conn.recv()
+                        _, key, data, retire = conn.recv()  # EOFError: the child died
                         if retire and not self._closed:
                             self._end_child(slot)
                             self._fork(slot)  # ready before the next attempt arrives
                         return _rebuilt(data) if key == attempt.key else None
-                    if not process.is_alive():
-                        raise EOFError
+                    if time.monotonic() >= next_check:  # a backstop: a death reads as end-of-file
+                        next_check = time.monotonic() + _ALIVE_CHECK_S
+                        if not process.is_alive():
+                            raise EOFError
             except (EOFError, OSError, ValueError):  # ValueError: a pipe closed under us at close
                 return self._died(slot, attempt)
         finally:
@@ -406,18 +540,7 @@ class PreforkPool:
     # -- children -------------------------------------------------------------------------------
 
     def _fork(self, slot: _Slot) -> None:
-        parent_end, child_end = self._context.Pipe(duplex=True)
-        with self._lock:
-            others = [s.conn for s in self._slots if s is not slot and s.conn is not None]
-        process = self._context.Process(
-            target=_child_main,
-            args=(child_end, self._registry, self.options, others),
-            name=f"jobq-child-{slot.number}",
-            daemon=True,
-        )
-        process.start()
-        child_end.close()
-        slot.process, slot.conn = process, parent_end
+        slot.process, slot.conn = self._zygote.fork()
         self.forks += 1
 
     def _slot_running(self, attempt: Attempt) -> _Slot | None:
@@ -436,5 +559,3 @@ class PreforkPool:
             if process.is_alive():
                 process.kill()
                 process.join(2)
-            with contextlib.suppress(ValueError):
-                process.close()
