@@ -4,7 +4,8 @@
 
 Starts a private redis-server (no persistence, `maxmemory` capped so that a mistake fails instead
 of filling the machine), indexes `--runs` runs through `RedisTimeIndex` in chunks of `--chunk`
-(generated as they go, so the benchmark's own memory stays small), and reports:
+(generated as they go, so the benchmark's own memory stays small) from `--adders` processes at
+once, each with its own index object (as several beats or clients add), and reports:
 
 * bytes per indexed run: `INFO memory` used_memory before and after, and `MEMORY USAGE` summed
   over every key; the server's RSS and peak; how many bucket and id-directory keys left the
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import platform
 import random
@@ -55,6 +57,7 @@ WEIGHTS = [5, 15, 60, 20]
 
 def chunks(count: int, size: int, hour_ms: int, seed: int = 1) -> Iterator[list[IndexEntry]]:
     rng = random.Random(seed)
+    tiers = [t for t, w in zip(TIERS, WEIGHTS, strict=True) for _ in range(w)]
     out: list[IndexEntry] = []
     for _ in range(count):
         due = hour_ms + rng.randrange(HORIZON_MS)
@@ -64,12 +67,29 @@ def chunks(count: int, size: int, hour_ms: int, seed: int = 1) -> Iterator[list[
             else:
                 due += -due % MINUTE
         job_id = new_job_id(hour_ms - rng.randrange(90 * 24 * HOUR))
-        out.append(IndexEntry(f"{job_id}:{due}", due, rng.choices(TIERS, WEIGHTS)[0]))
+        out.append(IndexEntry(f"{job_id}:{due}", due, tiers[rng.randrange(len(tiers))]))
         if len(out) == size:
             yield out
             out = []
     if out:
         yield out
+
+
+def load_share(args: tuple[int, int, int, int, int, int]) -> tuple[dict[int, int], float]:
+    """One adder process: index `count` runs (seed `seed`) through its own `RedisTimeIndex`, as
+    several beats or clients would. Returns its runs per minute and its CPU seconds."""
+    port, count, size, hour_ms, seed, capacity = args
+    client = redis.Redis(port=port)
+    index = RedisTimeIndex(client, prefix="jobq", capacity=capacity)
+    per_minute: dict[int, int] = {}
+    cpu = time.process_time()
+    for chunk in chunks(count, size, hour_ms, seed):
+        index.add(chunk)
+        for e in chunk:
+            minute = (e.due_ms - hour_ms) // MINUTE
+            per_minute[minute] = per_minute.get(minute, 0) + 1
+    client.close()
+    return per_minute, time.process_time() - cpu
 
 
 def free_port() -> int:
@@ -211,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=10_000_000)
     parser.add_argument("--chunk", type=int, default=1000)
     parser.add_argument("--maxmemory", default="4gb")
+    parser.add_argument("--adders", type=int, default=3, help="processes indexing at once, each its own index")
     args = parser.parse_args(argv)
 
     now_ms = time.time_ns() // 1_000_000
@@ -226,23 +247,23 @@ def main(argv: list[str] | None = None) -> int:
         before = memory(client)
         report["memory_empty"] = before
         per_minute: dict[int, int] = {}
-        started, cpu, trips = time.perf_counter(), time.process_time(), index.round_trips
+        started = time.perf_counter()
         server_before = server_cpu_s(client)
-        added = 0
-        for chunk in chunks(args.runs, args.chunk, hour_ms):
-            index.add(chunk)
-            for e in chunk:
-                minute = (e.due_ms - hour_ms) // MINUTE
-                per_minute[minute] = per_minute.get(minute, 0) + 1
-            added += len(chunk)
-            if added % 1_000_000 == 0:
-                print(f"  indexed {added:,} in {time.perf_counter() - started:.0f} s", flush=True)
+        share = -(-args.runs // args.adders)
+        jobs = [
+            (port, min(share, args.runs - i * share), args.chunk, hour_ms, i + 1, args.runs) for i in range(args.adders)
+        ]
+        with multiprocessing.get_context("fork").Pool(args.adders) as pool:
+            shares = pool.map(load_share, jobs)
         elapsed = time.perf_counter() - started
+        for counts, _ in shares:
+            for minute, n in counts.items():
+                per_minute[minute] = per_minute.get(minute, 0) + n
         report["add"] = {
+            "adders": args.adders,
             "seconds": elapsed,
             "runs_per_s": args.runs / elapsed,
-            "round_trips_per_chunk": (index.round_trips - trips) / -(-args.runs // args.chunk),
-            "client_cpu_us_per_run_incl_generation": (time.process_time() - cpu) / args.runs * 1e6,
+            "client_cpu_us_per_run_incl_generation": sum(c for _, c in shares) / args.runs * 1e6,
             "server_cpu_us_per_run": (server_cpu_s(client) - server_before) / args.runs * 1e6,
         }
         after = memory(client)
