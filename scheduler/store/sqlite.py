@@ -19,7 +19,15 @@ import sqlite3
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from jobq.errors import Conflict, DuplicateJob, IdempotencyConflict, JobNotFound, JobqError, StoreError
+from jobq.errors import (
+    Conflict,
+    DuplicateJob,
+    IdempotencyConflict,
+    JobNotFound,
+    JobqError,
+    StoreError,
+    StoreUnavailable,
+)
 from jobq.models import (
     PRIORITIES_BY_RANK,
     RUN_FIELDS,
@@ -319,6 +327,14 @@ class SqliteStore:
         """One `BEGIN IMMEDIATE` and one commit for the group; each request under a savepoint of its
         own, so a refused one (a duplicate, a conflicting key, a row SQLite rejects) is rolled back
         alone. A lock or I/O error fails the whole group: nothing is committed."""
+        if len(requests) == 1:  # a lone caller's: its own transaction is all the savepoint it needs
+            [request] = requests
+            try:
+                return [self.create_job(request.job, request.runs, request.idempotency)]
+            except StoreUnavailable:
+                raise
+            except JobqError as exc:
+                return [exc]
         out: list[CreateResult | JobqError] = []
         with self.db.write() as conn:
             for request in requests:
