@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from held import HeldStore
 from stacks import Stack, stack
 
 from jobq.app import App
@@ -25,40 +26,11 @@ from jobq.deployment import Deployment
 from jobq.errors import DuplicateJob, IdempotencyConflict, StoreUnavailable
 from jobq.groupcommit import GroupCommit
 from jobq.models import JobKey, RunState
-from jobq.ports import CreateRequest, RunQuery
+from jobq.ports import RunQuery
 from jobq.settings import Settings
 from jobq.wiring import connect
 
 TASK = "tests.group.noop"
-
-
-class HeldStore:
-    """The real store, but its first `create_job_group` waits for `release`. It lets one group
-    commit at a time (PostgreSQL would let several), so the callers that arrive meanwhile all
-    queue for the next group. Records each group's job ids and the thread that wrote it."""
-
-    concurrent_groups = 1
-
-    def __init__(self, inner: Any, hold: bool = True) -> None:
-        self._inner = inner
-        self.entered = threading.Event()
-        self.release = threading.Event()
-        if not hold:
-            self.release.set()
-        self.groups: list[list[str]] = []
-        self.threads: list[threading.Thread] = []
-
-    def create_job_group(self, requests: Sequence[CreateRequest]) -> list[Any]:
-        first = not self.entered.is_set()
-        self.entered.set()
-        if first:
-            assert self.release.wait(30), "the test never released the held commit"
-        self.groups.append([r.job.job_id for r in requests])
-        self.threads.append(threading.current_thread())
-        return self._inner.create_job_group(requests)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
 
 
 @pytest.fixture(params=["sqlite", "postgres-redis-rabbitmq"])
