@@ -30,7 +30,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from stacks import stack
+from stacks import REDIS, stack
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -87,6 +87,52 @@ def measure(urls: dict[str, str], *, grouped: bool, producers: int, n: int) -> d
         }
     finally:
         d.close()
+
+
+def peer_rate(peer: str, *, producers: int, n: int) -> dict[str, float]:
+    """The peer's non-durable enqueue (one call per task, as its own benchmark does) into this
+    machine's Redis under a namespace of its own, from `producers` threads; the keys are dropped."""
+    import uuid
+
+    import redis
+
+    tag = f"subbench{uuid.uuid4().hex[:8]}"
+    if peer == "huey":
+        from huey import RedisHuey
+
+        huey = RedisHuey(tag, url=REDIS)
+        call = huey.task()(_peer_noop)
+    else:
+        import dramatiq
+        from dramatiq.brokers.redis import RedisBroker
+
+        broker = RedisBroker(url=REDIS, namespace=tag)
+        dramatiq.set_broker(broker)
+        call = dramatiq.actor(_peer_noop, actor_name=f"noop_{tag}", broker=broker).send
+    each = n // producers
+    start = threading.Barrier(producers + 1)
+
+    def produce() -> None:
+        start.wait()
+        for i in range(each):
+            call(i)
+
+    threads = [threading.Thread(target=produce) for _ in range(producers)]
+    for t in threads:
+        t.start()
+    start.wait()
+    began, cpu = time.perf_counter(), time.process_time()
+    for t in threads:
+        t.join()
+    elapsed, cpu = time.perf_counter() - began, time.process_time() - cpu
+    client = redis.Redis.from_url(REDIS)
+    for key in client.scan_iter(match=f"*{tag}*", count=1000):
+        client.delete(key)
+    return {"per_s": each * producers / elapsed, "cpu_us": cpu / (each * producers) * 1e6}
+
+
+def _peer_noop(i: int) -> None:
+    """The peers' task: never run here (only enqueued)."""
 
 
 def api_rate(urls: dict[str, str], *, clients: int, n: int, grouped: bool) -> dict[str, float]:
@@ -201,11 +247,19 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--api", action="store_true", help="also POST /v1/jobs from 32 clients")
     parser.add_argument("--api-n", type=int, default=6400)
+    parser.add_argument("--peers", action="store_true", help="also Huey's and Dramatiq's enqueue (if installed)")
     args = parser.parse_args()
     stacks = args.stack or ["sqlite", "postgres-redis"]
     producers = args.producers or [1, 16]
     raw: dict[str, list[dict[str, float]]] = {}
     for rep in range(args.repeat):
+        if args.peers:
+            for peer in ("huey", "dramatiq"):
+                for p in producers:
+                    got = peer_rate(peer, producers=p, n=args.n)
+                    label = f"{peer} {p} producer(s) enqueue (not durable)"
+                    raw.setdefault(label, []).append(got)
+                    print(f"rep {rep + 1}: {label}: {got['per_s']:,.0f}/s, {got['cpu_us']:.0f} us CPU each")
         for name in stacks:
             for p in producers:
                 for grouped in (False, True) if rep % 2 == 0 else (True, False):

@@ -40,7 +40,7 @@ class _Slot(Generic[T, R]):
 
     def __init__(self, item: T) -> None:
         self.item = item
-        self.event = threading.Event()
+        self.event: threading.Event | None = None  # only a caller that waits needs one
         self.group: list[_Slot[T, R]] | None = None  # promoted: the group this caller commits
         self.done = False
         self.value: R | None = None
@@ -93,7 +93,10 @@ class GroupCommit(Generic[T, R]):
             # Invariant: callers wait only while `parallel` groups are in flight, so a caller that
             # finds a free place is alone in the queue and leads a group of itself.
             group = self._take() if self._in_flight < self._parallel else None
+            if group is None:
+                slot.event = threading.Event()
         if group is None:
+            assert slot.event is not None
             slot.event.wait()
             if slot.done:
                 return slot.outcome()
@@ -144,6 +147,7 @@ class GroupCommit(Generic[T, R]):
             while self._waiting and self._in_flight < self._parallel:
                 group = self._take()
                 group[0].group = group
+                assert group[0].event is not None  # it queued: it waits
                 group[0].event.set()
 
     @staticmethod
@@ -154,7 +158,8 @@ class GroupCommit(Generic[T, R]):
             else:
                 slot.value = outcome
             slot.done = True
-            slot.event.set()
+            if slot.event is not None:
+                slot.event.set()
 
 
 _pool: ThreadPoolExecutor | None = None
