@@ -359,6 +359,15 @@ class PostgresStore:
         of the group is applied; then each request is written alone, so the refusal is its own."""
         if not requests:
             return []
+        if len(requests) == 1 and requests[0].idempotency is not None:
+            # A lone keyed caller's: its transaction is all the savepoint it needs.
+            [one] = requests
+            try:
+                return [self.db.run(lambda conn: self._create(conn, one.job, one.runs, one.idempotency), pipeline=True)]
+            except StoreUnavailable:
+                raise
+            except JobqError as exc:
+                return [exc]
         try:
             return self.db.run(lambda conn: self._group(conn, requests), pipeline=True)
         except StoreUnavailable:
@@ -377,9 +386,18 @@ class PostgresStore:
                 out[i] = DuplicateJob(request.job.job_id)
             else:
                 first[request.job.key] = i
-        if first:
+        created: set[JobKey]
+        if len(first) == 1:  # a lone caller's: the plain statement (no arrays to build and dump)
+            [(only, i)] = first.items()
+            job = requests[i].job
+            found = conn.execute(db.sql(_INSERT_JOB), [job.job_id, *_job_values(job)]).fetchone()
+            created = {only} if found is not None else set()
+        elif first:
             rows = conn.execute(db.sql(_INSERT_JOBS), _job_columns([requests[i].job for i in first.values()]))
             created = {JobKey(row["tenant_id"], row["job_id"]) for row in rows.fetchall()}
+        else:
+            created = set()
+        if first:
             runs: list[Run] = []
             for key, i in first.items():
                 if key in created:
