@@ -155,6 +155,38 @@ def test_a_commit_that_raises_fails_every_caller_of_its_group_and_the_next_group
     assert group(3) == 3  # nothing is left stuck
 
 
+class _Killed(BaseException):
+    """What a killed greenlet or a KeyboardInterrupt raises in the leading thread."""
+
+
+def test_a_leader_torn_down_mid_commit_answers_its_group_before_it_unwinds() -> None:
+    gate, entered = threading.Event(), threading.Event()
+
+    def commit(items: list[int]) -> list[int]:
+        if items == [0]:
+            entered.set()
+            gate.wait(10)
+        elif 1 in items:
+            raise _Killed  # the leader of the second group is torn down while committing it
+        return items
+
+    group: GroupCommit[int, int] = GroupCommit(commit, parallel=1)
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        first = pool.submit(group, 0)
+        assert entered.wait(10)
+        leader = pool.submit(group, 1)
+        _until(lambda: group.waiting == 1)
+        follower = pool.submit(group, 2)
+        _until(lambda: group.waiting == 2)
+        gate.set()
+        assert first.result(timeout=10) == 0
+        with pytest.raises(_Killed):
+            leader.result(timeout=10)
+        with pytest.raises(StoreUnavailable, match="outcome is unknown"):
+            follower.result(timeout=10)
+    assert group(3) == 3  # and the next caller is not stuck behind it
+
+
 # -- submissions on real stores -------------------------------------------------------------------
 
 
