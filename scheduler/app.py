@@ -6,6 +6,7 @@ app = App(store="sqlite:///jobq.db")
 def send_invoice(invoice_id: int) -> None: ...
 
 send_invoice.delay(42)                                  # now
+await send_invoice.adelay(42)                           # now, from asyncio code
 send_invoice.schedule(delay_s=45, args=(42,))           # in 45 s
 send_invoice.schedule(cron="0 2 1 * *", tz="America/New_York", args=(42,), job_id="monthly-42")
 
@@ -26,6 +27,7 @@ from jobq.client import Client, Submitted
 from jobq.clock import SYSTEM_CLOCK, Clock
 from jobq.deployment import Deployment
 from jobq.errors import DuplicateJob, InvalidJob, ResultTimeout, TaskCancelled
+from jobq.groupcommit import off_loop
 from jobq.models import (
     DstGap,
     DstOverlap,
@@ -129,6 +131,16 @@ class Task(Generic[P, R]):
     def delay(self, *args: P.args, **kwargs: P.kwargs) -> JobHandle:
         """Run as soon as a worker is free."""
         return self.schedule(args=args, kwargs=kwargs)
+
+    async def adelay(self, *args: P.args, **kwargs: P.kwargs) -> JobHandle:
+        """`delay` for asyncio code: returns once the job is durable, without blocking the event
+        loop (the submission runs on a submission thread and shares store transactions with
+        concurrent ones: `jobq.groupcommit`)."""
+        return await off_loop(functools.partial(self.schedule, args=args, kwargs=kwargs))
+
+    async def aschedule(self, **options: Any) -> JobHandle:
+        """`schedule` for asyncio code (same keyword arguments), as `adelay` runs `delay`."""
+        return await off_loop(functools.partial(self.schedule, **options))
 
     def schedule(
         self,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import builtins
 import dataclasses
 import functools
+import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -28,7 +29,17 @@ from jobq.bounds import text_problem
 from jobq.clock import Clock
 from jobq.codec import encode, envelope_for
 from jobq.deployment import Deployment
-from jobq.errors import Conflict, InvalidJob, JobNotFound, ResultTimeout, RunNotFound, TransportError, UnknownTask
+from jobq.errors import (
+    Conflict,
+    InvalidJob,
+    JobNotFound,
+    JobqError,
+    ResultTimeout,
+    RunNotFound,
+    TransportError,
+    UnknownTask,
+)
+from jobq.groupcommit import GroupCommit
 from jobq.models import (
     DEFAULT_TENANT,
     PAUSED,
@@ -46,7 +57,7 @@ from jobq.models import (
     TaskTarget,
     Transition,
 )
-from jobq.ports import IndexEntry, JobQuery, Page, RunQuery
+from jobq.ports import CreateRequest, CreateResult, IndexEntry, JobQuery, Page, RunQuery
 from jobq.results import ResultState, RunResult, read_result
 
 if TYPE_CHECKING:
@@ -163,12 +174,36 @@ class Client:
                     created_ms=now,
                     expires_ms=now + self.d.settings.idempotency_ttl_s * 1000,
                 )
-            result = self.store.create_job(job, runs, record)
-            if result.created:
-                self._index(runs)
-                self._publish(job, [r for r in runs if r.state is RunState.DISPATCHED])
-                return Submitted(job, True, response, tuple(fires), warnings)
+            if self.d.settings.group_commit:
+                # The store write, the index and the publish, shared with concurrent submissions.
+                result = _group(self.store)(_Pending(self.d, CreateRequest(job, runs, record)))
+                if result.created:
+                    return Submitted(job, True, response, tuple(fires), warnings)
+            else:
+                result = self.store.create_job(job, runs, record)
+                if result.created:
+                    self._index(runs)
+                    self._publish(job, [r for r in runs if r.state is RunState.DISPATCHED])
+                    return Submitted(job, True, response, tuple(fires), warnings)
             return Submitted(result.job, False, result.response, tuple(preview(result.job, now)), warnings)
+
+    async def asubmit(
+        self,
+        spec: JobSpec | Mapping[str, Any],
+        *,
+        idempotency_key: str | None = None,
+        known_tasks: set[str] | None = None,
+        trace: str | None = None,
+    ) -> Submitted:
+        """`submit` for asyncio code: awaits the same group-committed path on a submission thread
+        (`jobq.groupcommit.off_loop`), so the event loop never waits for the store. Concurrent
+        `asubmit` calls share store transactions as concurrent threads do. Returns once the job is
+        durable; raises what `submit` raises. The current trace span is the submission's parent."""
+        from jobq.groupcommit import off_loop
+
+        return await off_loop(
+            functools.partial(self.submit, spec, idempotency_key=idempotency_key, known_tasks=known_tasks, trace=trace)
+        )
 
     def _catalogue(self, task: str) -> dict[str, TaskInfo]:
         now = self.clock.now_ms()
@@ -227,6 +262,12 @@ class Client:
             items.append((job, runs))
         created = self.store.create_jobs(items)
         made = [(job, runs) for (job, runs), ok in zip(items, created, strict=True) if ok]
+        self._announce(made)
+        return [job for job, _ in made]
+
+    def _announce(self, made: Sequence[tuple[Job, Sequence[Run]]]) -> None:
+        """After jobs are stored: their scheduled runs into the index (one call), their dispatched
+        runs to the broker (one publish per queue)."""
         self._index([run for _, runs in made for run in runs])
         by_queue: dict[str, builtins.list[tuple[Job, Run]]] = {}
         for job, runs in made:
@@ -235,7 +276,6 @@ class Client:
                     by_queue.setdefault(run.priority.queue, []).append((job, run))
         for pairs in by_queue.values():
             self._publish_pairs(pairs)
-        return [job for job, _ in made]
 
     def _dispatched(self, run: Run, now: int) -> Run:
         """An instant run skips the time index and the scanner: it is created already dispatched
@@ -667,6 +707,56 @@ class Client:
         entries = [IndexEntry(r.run_id, r.due_ms, r.priority) for r in runs if r.state is RunState.SCHEDULED]
         if entries:
             self.d.index.add(entries)
+
+
+@dataclass(frozen=True, slots=True)
+class _Pending:
+    """A submission waiting for its group's commit, with the deployment to index and publish it in."""
+
+    d: Deployment
+    request: CreateRequest
+
+
+_GROUPS: weakref.WeakKeyDictionary[object, GroupCommit[_Pending, CreateResult]] = weakref.WeakKeyDictionary()
+_GROUPS_LOCK = threading.Lock()
+
+
+def _group(store: object) -> GroupCommit[_Pending, CreateResult]:
+    """The group commit of `store`, shared by every client of this process (the API builds one
+    client per request). It holds no deployment: each item brings its own."""
+    with _GROUPS_LOCK:
+        group = _GROUPS.get(store)
+        if group is None:
+            # How many groups may commit at once: a store whose writers take turns (SQLite) gains
+            # nothing from more than one; a server (PostgreSQL) commits several in parallel.
+            parallel = getattr(store, "concurrent_groups", 1)
+            group = _GROUPS[store] = GroupCommit(_commit_group, _announce_group, parallel=parallel)
+        return group
+
+
+def _commit_group(pending: builtins.list[_Pending]) -> builtins.list[CreateResult | JobqError]:
+    """One group's store write: every request in one transaction (`JobStore.create_job_group`)."""
+    return pending[0].d.store.create_job_group([p.request for p in pending])
+
+
+def _announce_group(
+    pending: builtins.list[_Pending], outcomes: builtins.list[CreateResult | BaseException]
+) -> builtins.list[CreateResult | BaseException]:
+    """After the group's commit, while the next group commits: the created jobs' runs indexed and
+    published, one call each per deployment. A caller whose job was stored but whose index or
+    publish failed gets that error, as it would alone."""
+    created: dict[int, builtins.list[int]] = {}
+    for i, (item, outcome) in enumerate(zip(pending, outcomes, strict=True)):
+        if isinstance(outcome, CreateResult) and outcome.created:
+            created.setdefault(id(item.d), []).append(i)
+    for indices in created.values():
+        try:
+            made = [(pending[i].request.job, pending[i].request.runs) for i in indices]
+            Client(pending[indices[0]].d)._announce(made)
+        except Exception as exc:
+            for i in indices:
+                outcomes[i] = exc
+    return outcomes
 
 
 def _current(runs: Sequence[Run]) -> Run | None:

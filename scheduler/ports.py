@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar, runtime_checkable
 
 from jobq.bounds import text_problem
-from jobq.errors import InvalidQuery
+from jobq.errors import InvalidQuery, JobqError
 from jobq.models import (
     ApiToken,
     IdempotencyRecord,
@@ -87,6 +87,15 @@ class CreateResult:
     response: str | None = None  # the stored response of that earlier creation
 
 
+@dataclass(frozen=True, slots=True)
+class CreateRequest:
+    """One submission in a group (`JobStore.create_job_group`): `create_job`'s arguments."""
+
+    job: Job
+    runs: Sequence[Run]
+    idempotency: IdempotencyRecord | None = None
+
+
 class JobStore(Protocol):
     """The source of truth for jobs, runs, idempotency keys and registered task names.
 
@@ -105,6 +114,21 @@ class JobStore(Protocol):
         is written in either case. A job whose key (tenant, job id) exists raises `DuplicateJob`;
         the same job id in another tenant is another job.
         """
+        ...
+
+    def create_job_group(self, requests: Sequence[CreateRequest]) -> list[CreateResult | JobqError]:
+        """Each request as `create_job` would do it, in order, as if one after another: for each,
+        its `CreateResult` or the `JobqError` that `create_job` would have raised for it
+        (`DuplicateJob`, `IdempotencyConflict`, a `StoreError` for a row the store refuses). One
+        request's failure writes nothing of it and leaves the others to commit. Two requests with
+        one Idempotency-Key: the first creates, the second replays it (or conflicts).
+
+        Durable together: SQL stores write the whole group in one transaction (one commit), so when
+        this returns every created job is durable. Raises (nothing applied) only for what fails
+        the whole group: `StoreUnavailable` (whose outcome may be unknown, as for `create_job`).
+
+        A backend may set the attribute `concurrent_groups` (default 1): how many groups the
+        client's group commit lets write at once (`jobq.groupcommit`)."""
         ...
 
     def create_jobs(self, items: Sequence[tuple[Job, Sequence[Run]]]) -> list[bool]:

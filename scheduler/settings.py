@@ -49,6 +49,9 @@ class Settings(BaseModel):
     max_payload_bytes: int = Field(default=256 * 1024, gt=0)
     shutdown_grace_s: float = Field(default=30.0, ge=0)
     idempotency_ttl_s: int = Field(default=86_400, gt=0)
+    group_commit: bool = Field(
+        default=True, description="concurrent submissions in one process share one store transaction"
+    )
     result_ttl_s: int = Field(default=86_400, gt=0, description="a finished run's result is kept this long")
     history_flush_s: float = Field(default=0.2, ge=0, description="0 writes history synchronously")
 

@@ -25,6 +25,7 @@ FAULTABLE: dict[str, frozenset[str]] = {
     "store": frozenset(
         {
             "create_job",
+            "create_job_group",
             "create_jobs",
             "get_jobs",
             "list_jobs",

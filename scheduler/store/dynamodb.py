@@ -30,7 +30,7 @@ from jobq.dynamodb import (
     backoff,
 )
 from jobq.dynamodb_schema import render_definition, table_definition
-from jobq.errors import Conflict, DuplicateJob, IdempotencyConflict, JobNotFound, StoreUnavailable
+from jobq.errors import Conflict, DuplicateJob, IdempotencyConflict, JobNotFound, JobqError, StoreUnavailable
 from jobq.models import (
     LEASED_STATES,
     PRIORITIES_BY_RANK,
@@ -45,7 +45,7 @@ from jobq.models import (
     TaskInfo,
     Transition,
 )
-from jobq.ports import CreateResult, JobQuery, Page, RunQuery
+from jobq.ports import CreateRequest, CreateResult, JobQuery, Page, RunQuery
 from jobq.records import decode_tasks
 from jobq.registry import Census, DaemonRecord
 from jobq.store import dynamodb_census
@@ -89,6 +89,8 @@ class DynamoStore:
 
     #: How many of the 16 shards the census reads (`jobq.store.dynamodb_census`): 4 reads a quarter.
     census_shards = 4
+    #: Submission groups writing at once: each request is its own transaction, sent in parallel.
+    concurrent_groups = 4
 
     def __init__(self, table: DynamoTable) -> None:
         self.table = table
@@ -118,6 +120,24 @@ class DynamoStore:
         return render_definition(self.table.name, fmt)
 
     # -- jobs ----------------------------------------------------------------------------------
+
+    def create_job_group(self, requests: Sequence[CreateRequest]) -> list[CreateResult | JobqError]:
+        """Each request through `create_job`, in parallel: every one is its own TransactWriteItems.
+
+        One transaction for the group would not do: DynamoDB cancels a whole transaction when one
+        condition fails, so one duplicate would fail every caller, and it holds at most 100 items.
+        The requests of a group were all in flight at once, so any order among them is one a
+        serial caller could have seen; two with one Idempotency-Key meet in `create_job`'s
+        contention handling, and exactly one creates the job. A failure (also `StoreUnavailable`)
+        is that request's alone."""
+
+        def one(request: CreateRequest) -> CreateResult | JobqError:
+            try:
+                return self.create_job(request.job, request.runs, request.idempotency)
+            except JobqError as exc:
+                return exc
+
+        return self.table.parallel(one, list(requests))
 
     def create_jobs(self, items: Sequence[tuple[Job, Sequence[Run]]]) -> list[bool]:
         """Each job through `create_job`, in parallel: every one is its own transaction."""

@@ -12,7 +12,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from jobq.errors import Conflict, DuplicateJob, IdempotencyConflict, JobNotFound
+from jobq.errors import Conflict, DuplicateJob, IdempotencyConflict, JobNotFound, JobqError
 from jobq.models import (
     LEASED_STATES,
     TERMINAL_STATES,
@@ -26,7 +26,7 @@ from jobq.models import (
     TaskInfo,
     Transition,
 )
-from jobq.ports import CreateResult, JobQuery, Page, RunQuery
+from jobq.ports import CreateRequest, CreateResult, JobQuery, Page, RunQuery
 from jobq.records import decode_job, decode_run, decode_tasks
 from jobq.registry import Census, DaemonRecord, census_from_rows, expiring
 
@@ -143,6 +143,16 @@ class MemoryStore:
             if idempotency is not None:
                 self._idempotency[(idempotency.tenant_id, idempotency.key)] = idempotency
             return CreateResult(job.model_copy(), created=True)
+
+    def create_job_group(self, requests: Sequence[CreateRequest]) -> list[CreateResult | JobqError]:
+        out: list[CreateResult | JobqError] = []
+        with self._lock:
+            for r in requests:
+                try:
+                    out.append(self.create_job(r.job, r.runs, r.idempotency))
+                except JobqError as exc:
+                    out.append(exc)
+        return out
 
     def create_jobs(self, items: Sequence[tuple[Job, Sequence[Run]]]) -> list[bool]:
         out = []

@@ -19,9 +19,12 @@ from jobq.errors import (
     DuplicateJob,
     IdempotencyConflict,
     JobNotFound,
+    JobqError,
+    StoreError,
+    StoreUnavailable,
 )
 from jobq.models import ApiToken, IdempotencyRecord, Job, JobKey, JobStatus, Run, RunState, TaskInfo, Transition
-from jobq.ports import CreateResult, JobQuery, Page, RunQuery
+from jobq.ports import CreateRequest, CreateResult, JobQuery, Page, RunQuery
 from jobq.postgresdb import RUN_COLUMNS, PostgresDatabase
 from jobq.records import DECODE_ERRORS, corrupt_job, corrupt_run, decode_tasks, priority_of
 from jobq.registry import Census, DaemonRecord, census_from_rows, decode_daemons, expiring
@@ -284,6 +287,10 @@ def _in_order(runs: Sequence[Run]) -> list[Run]:
 class PostgresStore:
     """`JobStore` on PostgreSQL. See the module docstring for the URL, migrations and errors."""
 
+    # Submission groups writing at once: while one waits for its commit (its WAL flush), the
+    # next is being sent; more than a few only queue on the same flush.
+    concurrent_groups = 4
+
     def __init__(self, db: PostgresDatabase, *, owns_db: bool = True, check_schema: bool = True) -> None:
         """Use `db` (closed by `close` when `owns_db`). `check_schema` applies the URL's ``migrate``
         policy; `jobq init` passes False, because its job is to upgrade an outdated schema."""
@@ -308,34 +315,113 @@ class PostgresStore:
     # -- jobs ------------------------------------------------------------------------------------
 
     def create_job(self, job: Job, runs: Sequence[Run], idempotency: IdempotencyRecord | None = None) -> CreateResult:
-        db = self.db
+        return self.db.run(lambda conn: self._create(conn, job, runs, idempotency))
 
-        def body(conn: Connection) -> CreateResult:
-            if idempotency is not None:
-                key = idempotency.model_dump()
-                if conn.execute(db.sql(_TAKE_KEY), key).fetchone() is None:
-                    known = conn.execute(
-                        db.sql("SELECT fingerprint, job_id, response FROM {idem} WHERE tenant_id = %s AND key = %s"),
-                        [idempotency.tenant_id, idempotency.key],
+    def _create(
+        self, conn: Connection, job: Job, runs: Sequence[Run], idempotency: IdempotencyRecord | None
+    ) -> CreateResult:
+        """`create_job` inside the caller's transaction (raising rolls back what it wrote)."""
+        db = self.db
+        if idempotency is not None:
+            key = idempotency.model_dump()
+            if conn.execute(db.sql(_TAKE_KEY), key).fetchone() is None:
+                known = conn.execute(
+                    db.sql("SELECT fingerprint, job_id, response FROM {idem} WHERE tenant_id = %s AND key = %s"),
+                    [idempotency.tenant_id, idempotency.key],
+                ).fetchone()
+                if known is not None and known["fingerprint"] != idempotency.fingerprint:
+                    raise IdempotencyConflict(idempotency.key)
+                if known is not None:
+                    original = conn.execute(
+                        db.sql(f"SELECT {_JOB_COLUMNS} FROM {{jobs}} WHERE tenant_id = %s AND job_id = %s"),
+                        [idempotency.tenant_id, known["job_id"]],
                     ).fetchone()
-                    if known is not None and known["fingerprint"] != idempotency.fingerprint:
-                        raise IdempotencyConflict(idempotency.key)
-                    if known is not None:
-                        original = conn.execute(
-                            db.sql(f"SELECT {_JOB_COLUMNS} FROM {{jobs}} WHERE tenant_id = %s AND job_id = %s"),
-                            [idempotency.tenant_id, known["job_id"]],
-                        ).fetchone()
-                        if original is not None:
-                            return CreateResult(job_from_row(original), False, known["response"])
-                    # The key names a job that no longer exists: it now names this one (as in SQLite).
-                    conn.execute(db.sql(_REPLACE_KEY), key)
-            if conn.execute(db.sql(_INSERT_JOB), [job.job_id, *_job_values(job)]).fetchone() is None:
-                raise DuplicateJob(job.job_id)  # raising rolls the idempotency key back too
+                    if original is not None:
+                        return CreateResult(job_from_row(original), False, known["response"])
+                # The key names a job that no longer exists: it now names this one (as in SQLite).
+                conn.execute(db.sql(_REPLACE_KEY), key)
+        if conn.execute(db.sql(_INSERT_JOB), [job.job_id, *_job_values(job)]).fetchone() is None:
+            raise DuplicateJob(job.job_id)  # raising rolls the idempotency key back too
+        if runs:
+            conn.cursor().executemany(db.sql(_INSERT_RUN), [_run_values(r) for r in runs])
+        return CreateResult(job, created=True)
+
+    def create_job_group(self, requests: Sequence[CreateRequest]) -> list[CreateResult | JobqError]:
+        """One transaction in pipeline mode. The requests without an Idempotency-Key go in together:
+        their jobs in one `INSERT ... SELECT FROM unnest` (an existing key is that request's
+        `DuplicateJob`; of two in the group with one key the first wins), then the created jobs'
+        runs, without waiting for each statement: with the commit, two round trips for the group.
+        Those with a key follow one by one, each under a savepoint, exactly as `create_job` does
+        them (a refused one rolls back alone; a second request with a key the group has just taken
+        replays or conflicts with the first).
+
+        A statement the server refuses (a row it cannot store) aborts the transaction, and nothing
+        of the group is applied; then each request is written alone, so the refusal is its own."""
+        if not requests:
+            return []
+        if len(requests) == 1 and requests[0].idempotency is not None:
+            # A lone keyed caller's: its transaction is all the savepoint it needs.
+            [one] = requests
+            try:
+                return [self.db.run(lambda conn: self._create(conn, one.job, one.runs, one.idempotency), pipeline=True)]
+            except StoreUnavailable:
+                raise
+            except JobqError as exc:
+                return [exc]
+        try:
+            return self.db.run(lambda conn: self._group(conn, requests), pipeline=True)
+        except StoreUnavailable:
+            raise
+        except StoreError:
+            return [self._alone(r) for r in requests]
+
+    def _group(self, conn: Connection, requests: Sequence[CreateRequest]) -> list[CreateResult | JobqError]:
+        db = self.db
+        out: dict[int, CreateResult | JobqError] = {}
+        first: dict[JobKey, int] = {}
+        for i, request in enumerate(requests):
+            if request.idempotency is not None:
+                continue
+            if request.job.key in first:
+                out[i] = DuplicateJob(request.job.job_id)
+            else:
+                first[request.job.key] = i
+        created: set[JobKey]
+        if len(first) == 1:  # a lone caller's: the plain statement (no arrays to build and dump)
+            [(only, i)] = first.items()
+            job = requests[i].job
+            found = conn.execute(db.sql(_INSERT_JOB), [job.job_id, *_job_values(job)]).fetchone()
+            created = {only} if found is not None else set()
+        elif first:
+            rows = conn.execute(db.sql(_INSERT_JOBS), _job_columns([requests[i].job for i in first.values()]))
+            created = {JobKey(row["tenant_id"], row["job_id"]) for row in rows.fetchall()}
+        else:
+            created = set()
+        if first:
+            runs: list[Run] = []
+            for key, i in first.items():
+                if key in created:
+                    out[i] = CreateResult(requests[i].job, created=True)
+                    runs.extend(requests[i].runs)
+                else:
+                    out[i] = DuplicateJob(requests[i].job.job_id)
             if runs:
                 conn.cursor().executemany(db.sql(_INSERT_RUN), [_run_values(r) for r in runs])
-            return CreateResult(job, created=True)
+        for i, request in enumerate(requests):
+            if request.idempotency is None:
+                continue
+            try:
+                with conn.transaction():  # a savepoint
+                    out[i] = self._create(conn, request.job, request.runs, request.idempotency)
+            except JobqError as exc:
+                out[i] = exc
+        return [out[i] for i in range(len(requests))]
 
-        return db.run(body)
+    def _alone(self, request: CreateRequest) -> CreateResult | JobqError:
+        try:
+            return self.create_job(request.job, request.runs, request.idempotency)
+        except JobqError as exc:
+            return exc
 
     def create_jobs(self, items: Sequence[tuple[Job, Sequence[Run]]]) -> list[bool]:
         """The jobs in one statement (`INSERT ... SELECT FROM unnest`, skipping existing ids) and

@@ -19,7 +19,15 @@ import sqlite3
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from jobq.errors import Conflict, DuplicateJob, IdempotencyConflict, JobNotFound, StoreError
+from jobq.errors import (
+    Conflict,
+    DuplicateJob,
+    IdempotencyConflict,
+    JobNotFound,
+    JobqError,
+    StoreError,
+    StoreUnavailable,
+)
 from jobq.models import (
     PRIORITIES_BY_RANK,
     RUN_FIELDS,
@@ -33,7 +41,7 @@ from jobq.models import (
     TaskInfo,
     Transition,
 )
-from jobq.ports import CreateResult, JobQuery, Page, RunQuery
+from jobq.ports import CreateRequest, CreateResult, JobQuery, Page, RunQuery
 from jobq.records import DECODE_ERRORS, corrupt_job, corrupt_run, decode_tasks, priority_of
 from jobq.registry import Census, DaemonRecord, census_from_rows, decode_daemons, expiring
 from jobq.sqlitedb import SqliteDatabase, placeholders
@@ -313,39 +321,70 @@ class SqliteStore:
 
     def create_job(self, job: Job, runs: Sequence[Run], idempotency: IdempotencyRecord | None = None) -> CreateResult:
         with self.db.write() as conn:
-            if idempotency is not None:
-                known = conn.execute(
-                    "SELECT fingerprint, job_id, response, expires_ms FROM jobq_idempotency "
-                    "WHERE tenant_id = ? AND key = ?",
-                    (idempotency.tenant_id, idempotency.key),
-                ).fetchone()
-                if known is not None and known["expires_ms"] > idempotency.created_ms:
-                    if known["fingerprint"] != idempotency.fingerprint:
-                        raise IdempotencyConflict(idempotency.key)
-                    original = conn.execute(
-                        f"SELECT {_JOB_COLUMNS} FROM jobq_jobs WHERE tenant_id = ? AND job_id = ?",
-                        (idempotency.tenant_id, known["job_id"]),
-                    ).fetchone()
-                    if original is not None:
-                        return CreateResult(job_from_row(original), False, known["response"])
+            return self._create(conn, job, runs, idempotency)
+
+    def create_job_group(self, requests: Sequence[CreateRequest]) -> list[CreateResult | JobqError]:
+        """One `BEGIN IMMEDIATE` and one commit for the group; each request under a savepoint of its
+        own, so a refused one (a duplicate, a conflicting key, a row SQLite rejects) is rolled back
+        alone. A lock or I/O error fails the whole group: nothing is committed."""
+        if len(requests) == 1:  # a lone caller's: its own transaction is all the savepoint it needs
+            [request] = requests
             try:
-                conn.execute(f"INSERT INTO jobq_jobs ({_JOB_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", _job_row(job))
-            except sqlite3.IntegrityError:
-                raise DuplicateJob(job.job_id) from None
-            conn.executemany(_INSERT_RUN.removesuffix(" RETURNING *"), [_run_values(r) for r in runs])
-            if idempotency is not None:
-                conn.execute(
-                    "INSERT OR REPLACE INTO jobq_idempotency VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    (
-                        idempotency.tenant_id,
-                        idempotency.key,
-                        idempotency.fingerprint,
-                        idempotency.job_id,
-                        idempotency.response,
-                        idempotency.created_ms,
-                        idempotency.expires_ms,
-                    ),
-                )
+                return [self.create_job(request.job, request.runs, request.idempotency)]
+            except StoreUnavailable:
+                raise
+            except JobqError as exc:
+                return [exc]
+        out: list[CreateResult | JobqError] = []
+        with self.db.write() as conn:
+            for request in requests:
+                conn.execute("SAVEPOINT jobq_submit")
+                try:
+                    out.append(self._create(conn, request.job, request.runs, request.idempotency))
+                except (JobqError, sqlite3.IntegrityError, sqlite3.InterfaceError, sqlite3.DataError) as exc:
+                    conn.execute("ROLLBACK TO jobq_submit")
+                    out.append(exc if isinstance(exc, JobqError) else StoreError(f"{self.db.path}: {exc}"))
+                conn.execute("RELEASE jobq_submit")
+        return out
+
+    @staticmethod
+    def _create(
+        conn: sqlite3.Connection, job: Job, runs: Sequence[Run], idempotency: IdempotencyRecord | None
+    ) -> CreateResult:
+        """`create_job` inside the caller's write transaction."""
+        if idempotency is not None:
+            known = conn.execute(
+                "SELECT fingerprint, job_id, response, expires_ms FROM jobq_idempotency "
+                "WHERE tenant_id = ? AND key = ?",
+                (idempotency.tenant_id, idempotency.key),
+            ).fetchone()
+            if known is not None and known["expires_ms"] > idempotency.created_ms:
+                if known["fingerprint"] != idempotency.fingerprint:
+                    raise IdempotencyConflict(idempotency.key)
+                original = conn.execute(
+                    f"SELECT {_JOB_COLUMNS} FROM jobq_jobs WHERE tenant_id = ? AND job_id = ?",
+                    (idempotency.tenant_id, known["job_id"]),
+                ).fetchone()
+                if original is not None:
+                    return CreateResult(job_from_row(original), False, known["response"])
+        try:
+            conn.execute(f"INSERT INTO jobq_jobs ({_JOB_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", _job_row(job))
+        except sqlite3.IntegrityError:
+            raise DuplicateJob(job.job_id) from None
+        conn.executemany(_INSERT_RUN.removesuffix(" RETURNING *"), [_run_values(r) for r in runs])
+        if idempotency is not None:
+            conn.execute(
+                "INSERT OR REPLACE INTO jobq_idempotency VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    idempotency.tenant_id,
+                    idempotency.key,
+                    idempotency.fingerprint,
+                    idempotency.job_id,
+                    idempotency.response,
+                    idempotency.created_ms,
+                    idempotency.expires_ms,
+                ),
+            )
         return CreateResult(job, created=True)
 
     def create_jobs(self, items: Sequence[tuple[Job, Sequence[Run]]]) -> list[bool]:

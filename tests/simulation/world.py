@@ -49,6 +49,10 @@ SETTINGS: dict[str, Any] = {
     "overlap_hold_s": 2,
     "shutdown_grace_s": 0,
     "concurrency": 3,
+    # Actors take turns at every port call: a client waiting for another's group commit would
+    # hold its turn while the leader waits for one. Each submission is its own transaction here
+    # (create_job, faults and all); the group path has tests of its own (test_group_commit.py).
+    "group_commit": False,
 }
 BEATS, SCANNERS, WORKERS, CLIENTS = 2, 2, 3, 2
 WORKER_PARTS = ("take", "complete", "monitor")
