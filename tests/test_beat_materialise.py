@@ -7,6 +7,7 @@ without a server, failing when CI=true), each driven by a manual clock.
 from __future__ import annotations
 
 import contextlib
+import threading
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -34,6 +35,16 @@ def _deployment(kind: str, tmp_path: Path, clock: ManualClock) -> Iterator[Deplo
     if kind == "sqlite":
         urls = {"store": f"sqlite:///{tmp_path / 'jobq.db'}"}
         drop: Callable[[], None] = lambda: None  # noqa: E731
+    elif kind == "dynamodb":
+        from moto_server import ACCESS_KEY, REGION, SECRET_KEY, shared_moto_server
+
+        server = shared_moto_server()
+        store = (
+            f"dynamodb://jobq-beat-{uuid.uuid4().hex[:10]}?region={REGION}&endpoint={server.endpoint_url}"
+            f"&aws_access_key_id={ACCESS_KEY}&aws_secret_access_key={SECRET_KEY}"
+        )
+        urls = {"store": store, "index": "memory://", "broker": "memory://", "history": "memory://"}
+        drop = lambda: None  # noqa: E731  (the table is deleted with the deployment below)
     else:
         from services import require_postgres
 
@@ -63,11 +74,36 @@ def deployment(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Deplo
         yield d
 
 
+@pytest.fixture(params=["sqlite", "postgres", "dynamodb"])
+def any_deployment(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Deployment]:
+    """Also DynamoDB on moto's server, for the tests small enough for it (moto is slow)."""
+    with _deployment(request.param, tmp_path, ManualClock(T0)) as d:
+        if request.param == "dynamodb":
+            _serialise_writes(d.store)
+        yield d
+        if request.param == "dynamodb":
+            d.store.delete_table()  # type: ignore[attr-defined]
+
+
+def _serialise_writes(store: Any) -> None:
+    """moto's server applies concurrent transactions without a lock (and answers 500); DynamoDB
+    serialises them. As in the contract suite, writes go one at a time so the test checks jobq."""
+    lock = threading.Lock()
+    call = store.table.call
+    writes = {"put_item", "update_item", "delete_item", "transact_write_items", "batch_write_item"}
+
+    def serialised(operation: str, **kwargs: object) -> Any:
+        if operation not in writes:
+            return call(operation, **kwargs)
+        with lock:
+            return call(operation, **kwargs)
+
+    store.table.call = serialised
+
+
 def _one_offs(prefix: str, n: int, due_ms: int, priority: Priority) -> list[Job]:
     schedule = Schedule(type=ScheduleType.ONE_OFF, at_ms=due_ms)
-    return [
-        make_job(f"{prefix}_{i:05d}", schedule=schedule, next_fire_ms=due_ms, priority=priority) for i in range(n)
-    ]
+    return [make_job(f"{prefix}_{i:05d}", schedule=schedule, next_fire_ms=due_ms, priority=priority) for i in range(n)]
 
 
 def _submit(store: JobStore, jobs: Sequence[Job]) -> None:
@@ -82,9 +118,7 @@ def _runs(store: JobStore, jobs: Sequence[Job]) -> dict[str, Run]:
 
 def _live(d: Deployment, beats: Sequence[Beat], now_ms: int) -> None:
     """The registrar's heartbeat for `beats` (a TTL of three 5 s heartbeats, as `jobq beat` writes)."""
-    records = [
-        DaemonRecord(b.daemon_id, Role.BEAT, "host", 1, "test", started_ms=T0, seen_ms=now_ms) for b in beats
-    ]
+    records = [DaemonRecord(b.daemon_id, Role.BEAT, "host", 1, "test", started_ms=T0, seen_ms=now_ms) for b in beats]
     d.registry.heartbeat(records, ttl_ms=15_000)
 
 
@@ -132,13 +166,14 @@ def _count_write_transactions(store: Any) -> Callable[[], int]:
     return lambda: count[0]
 
 
-def test_two_beats_split_the_jobs_and_one_takes_all_when_the_other_dies(deployment: Deployment) -> None:
+def test_two_beats_split_the_jobs_and_one_takes_all_when_the_other_dies(any_deployment: Deployment) -> None:
+    deployment = any_deployment
     store = deployment.store
     a, b = Beat(deployment), Beat(deployment)
     _live(deployment, [a, b], T0)
     first = _one_offs("first", 64, T0 + 5_000, Priority.DEFAULT)
     _submit(store, first)
-    made_by_a, made_by_b = a.run_once(T0), b.run_once(T0)
+    made_by_a, made_by_b = a.materialise(T0), b.materialise(T0)
     assert made_by_a > 0 and made_by_b > 0
     assert made_by_a + made_by_b == len(first)  # every job by exactly one of them
     assert a.shards is not None and b.shards is not None
@@ -150,12 +185,13 @@ def test_two_beats_split_the_jobs_and_one_takes_all_when_the_other_dies(deployme
     _submit(store, second)
     now = T0 + 16_000
     _live(deployment, [a], now)
-    assert a.run_once(now) == len(second)
+    assert a.materialise(now) == len(second)
     assert a.shards is None
     assert len(_runs(store, second)) == len(second)
 
 
-def test_beats_whose_views_differ_create_each_run_once(deployment: Deployment) -> None:
+def test_beats_whose_views_differ_create_each_run_once(any_deployment: Deployment) -> None:
+    deployment = any_deployment
     store = deployment.store
     a, b = Beat(deployment), Beat(deployment)
     _live(deployment, [b], T0)  # a has not heartbeaten yet: b owns every shard, and so does a
@@ -170,11 +206,11 @@ def test_beats_whose_views_differ_create_each_run_once(deployment: Deployment) -
             return getattr(store, name)
 
         def advance_jobs(self, items: Sequence[tuple[Job, Sequence[Run]]]) -> list[bool]:
-            made_by_b.append(b.run_once(T0))
+            made_by_b.append(b.materialise(T0))
             return store.advance_jobs(items)
 
     a.store = Interleaved()  # type: ignore[assignment]
-    made_by_a = a.run_once(T0)
+    made_by_a = a.materialise(T0)
     assert made_by_b == [len(jobs)] and made_by_a == 0
     advanced = store.get_jobs([j.key for j in jobs])
     assert {j.version for j in advanced.values()} == {jobs[0].version + 1}  # each advanced once
