@@ -67,12 +67,19 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--only", choices=["w1", "spike", "priority", "spread"], action="append")
     parser.add_argument("--scale", type=float, default=1.0, help="share of the issue's run counts")
+    parser.add_argument(
+        "--lead",
+        type=float,
+        default=90.0,
+        help="seconds from the start of submission to the instant W2 priority's runs are due; more than "
+        "the submission time plus the horizon (60 s) puts every run beyond the horizon when submitted",
+    )
     args = parser.parse_args()
     n = lambda k: max(10, round(k * args.scale))  # noqa: E731
     workloads: dict[str, Callable[[Bench], Result]] = {
         "w1": lambda b: b.instant(n(20_000)),
         "spike": lambda b: b.spike(n(10_000), lead_s=15),
-        "priority": lambda b: b.spike(n(50_000), lead_s=90, critical=100),
+        "priority": lambda b: b.spike(n(50_000), lead_s=args.lead, critical=100),
         "spread": lambda b: b.spread(n(1_000), over_s=10),
     }
     chosen = args.only or list(workloads)

@@ -7,7 +7,7 @@ translate their own exceptions into `jobq.errors` (`StoreUnavailable`, `Transpor
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar, runtime_checkable
 
@@ -163,8 +163,22 @@ class JobStore(Protocol):
         ends one. A status other than ACTIVE takes the job out of `due_jobs`."""
         ...
 
-    def due_jobs(self, before_ms: int, limit: int) -> list[Job]:
-        """ACTIVE jobs whose `next_fire_ms <= before_ms`, earliest first."""
+    def due_jobs(self, before_ms: int, limit: int, shards: Collection[int] | None = None) -> list[Job]:
+        """ACTIVE jobs whose `next_fire_ms <= before_ms`, CRITICAL first, then earliest first: a
+        backlog of lower tiers larger than `limit` never hides a higher-tier job. With `shards`,
+        only jobs in those shards (0..15, `jobq.sharding`; each store places a job in the same
+        shard every time)."""
+        ...
+
+    def advance_jobs(self, items: Sequence[tuple[Job, Sequence[Run]]]) -> list[bool]:
+        """Beat's write: for each (job, runs), replace the job if the stored version still equals
+        `job.version` (version+1, as `update_job`) and insert those of its runs whose id is absent
+        (existing runs are left untouched). True at index i where item i's job advanced; a job whose
+        compare-and-set fails (moved, gone, or a corrupt marker) is False, not an error. SQL stores:
+        one transaction, the advances as one statement, and only the runs of jobs that advanced
+        are inserted. DynamoDB (no conditional batch write): the runs are put first, then the
+        advances, each conditional and concurrent; a run of a job that then fails to advance is
+        the run the winner created (ids derive from fire times)."""
         ...
 
     def add_runs(self, runs: Sequence[Run]) -> list[Run]:

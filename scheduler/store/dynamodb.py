@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any, Literal
 
 from jobq.dynamodb import (
@@ -311,13 +311,36 @@ class DynamoStore:
             return False
         return True
 
-    def due_jobs(self, before_ms: int, limit: int) -> list[Job]:
-        """16 GSI2 queries (``DUE#<shard>``, ``GSI2SK <= before_ms``) in parallel, merged."""
+    def due_jobs(self, before_ms: int, limit: int, shards: Collection[int] | None = None) -> list[Job]:
+        """One GSI2 query per shard (``DUE#<shard>``, ``GSI2SK <= before_ms``) in parallel, merged
+        CRITICAL first. GSI2 is sorted by fire time alone, so the tier order holds among the `limit`
+        earliest jobs of each shard: a LOW backlog deeper than that can still hide a CRITICAL job
+        (docs/scheduling.md)."""
         if limit <= 0:
             return []
-        items = self._gsi_shards("GSI2", [f"DUE#{n}" for n in range(SHARDS)], limit, "<=", as_n(before_ms))
-        jobs = sorted((job_from_item(i) for i in items), key=lambda j: (j.next_fire_ms or 0, j.job_id))
+        wanted = range(SHARDS) if shards is None else sorted(set(shards))
+        if not wanted:
+            return []
+        items = self._gsi_shards("GSI2", [f"DUE#{n}" for n in wanted], limit, "<=", as_n(before_ms))
+        jobs = sorted((job_from_item(i) for i in items), key=lambda j: (j.priority.rank, j.next_fire_ms or 0, j.job_id))
         return jobs[:limit]
+
+    def advance_jobs(self, items: Sequence[tuple[Job, Sequence[Run]]]) -> list[bool]:
+        """The runs first (conditional puts, concurrently), then each job's conditional put,
+        concurrently: DynamoDB has no conditional batch write, and a transaction of up to 100 items
+        fails as a whole when one condition fails."""
+        self.add_runs([run for job, runs in items if job.corrupt is None for run in runs])
+
+        def advance(job: Job) -> bool:
+            if job.corrupt is not None:
+                return False
+            try:
+                self.update_job(job)
+            except (Conflict, JobNotFound):
+                return False
+            return True
+
+        return self.table.parallel(advance, [job for job, _ in items])
 
     # -- runs ----------------------------------------------------------------------------------
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from jobq.errors import Conflict, DuplicateJob, IdempotencyConflict, JobNotFound, JobqError
@@ -29,6 +29,7 @@ from jobq.models import (
 from jobq.ports import CreateRequest, CreateResult, JobQuery, Page, RunQuery
 from jobq.records import decode_job, decode_run, decode_tasks
 from jobq.registry import Census, DaemonRecord, census_from_rows, expiring
+from jobq.sharding import job_shard
 
 _FINISHABLE = frozenset({JobStatus.ACTIVE, JobStatus.COMPLETED})
 
@@ -202,15 +203,33 @@ class MemoryStore:
             self._jobs[key] = job.model_copy(update=update)
             return True
 
-    def due_jobs(self, before_ms: int, limit: int) -> list[Job]:
+    def due_jobs(self, before_ms: int, limit: int, shards: Collection[int] | None = None) -> list[Job]:
+        wanted = None if shards is None else frozenset(shards)
         with self._lock:
             due = [
                 j
                 for j in self._jobs.values()
-                if j.status is JobStatus.ACTIVE and j.next_fire_ms is not None and j.next_fire_ms <= before_ms
+                if j.status is JobStatus.ACTIVE
+                and j.next_fire_ms is not None
+                and j.next_fire_ms <= before_ms
+                and (wanted is None or job_shard(j.job_id) in wanted)
             ]
-        due.sort(key=lambda j: (j.next_fire_ms or 0, j.job_id, j.tenant_id))
+        due.sort(key=lambda j: (j.priority.rank, j.next_fire_ms or 0, j.job_id, j.tenant_id))
         return [j.model_copy() for j in due[:limit]]
+
+    def advance_jobs(self, items: Sequence[tuple[Job, Sequence[Run]]]) -> list[bool]:
+        advanced: list[bool] = []
+        with self._lock:
+            for job, runs in items:
+                current = self._jobs.get(job.key)
+                applies = job.corrupt is None and current is not None and current.version == job.version
+                advanced.append(applies)
+                if not applies:
+                    continue
+                self._jobs[job.key] = job.model_copy(update={"version": job.version + 1})
+                for run in runs:
+                    self._runs.setdefault(run.run_id, run.model_copy())
+        return advanced
 
     def add_runs(self, runs: Sequence[Run]) -> list[Run]:
         added = []

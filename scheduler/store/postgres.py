@@ -11,7 +11,7 @@ carried by a transition is updated by the same statement. Rows are locked in run
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from jobq.errors import (
@@ -101,11 +101,40 @@ _INSERT_JOBS = (
     "SELECT * FROM unnest(%b::text[], %b::text[], %b::text[], %b::text[], %b::smallint[], %b::bigint[], "
     "%b::bigint[], %b::text[]::jsonb[]) ON CONFLICT (tenant_id, job_id) DO NOTHING RETURNING tenant_id, job_id"
 )
+# Beat's advance of a batch of jobs: one compare-and-set per job on its version, in one statement.
+# The rows are locked in key order first, so two beats advancing overlapping batches (while their
+# views of who owns which shard differ) queue behind each other instead of deadlocking.
+_ADVANCE_JOBS = (
+    "WITH v AS (SELECT * FROM unnest(%b::text[], %b::text[], %b::text[], %b::text[], %b::smallint[], "
+    "%b::bigint[], %b::bigint[], %b::text[]) AS v(job_id, tenant_id, name, status, priority, next_fire_ms, "
+    "version, doc)), "
+    "locked AS (SELECT j.tenant_id, j.job_id FROM {jobs} AS j JOIN v ON j.tenant_id = v.tenant_id "
+    "AND j.job_id = v.job_id AND j.version = v.version ORDER BY j.tenant_id, j.job_id FOR UPDATE OF j) "
+    "UPDATE {jobs} AS j SET name = v.name, status = v.status, priority = v.priority, "
+    "next_fire_ms = v.next_fire_ms, version = v.version + 1, doc = v.doc::jsonb "
+    "FROM v JOIN locked ON locked.tenant_id = v.tenant_id AND locked.job_id = v.job_id "
+    "WHERE j.tenant_id = v.tenant_id AND j.job_id = v.job_id AND j.version = v.version "
+    "RETURNING j.tenant_id, j.job_id"
+)
+# Due jobs, CRITICAL first: one range scan of jobq_jobs_due_tier per tier, in tier order, stopping
+# at the limit (as `_OVERDUE` does for runs). A beat's shards are `hashtext(job_id) & 15`.
+_DUE_JOBS_WHERE = (
+    "status = 'ACTIVE' AND next_fire_ms IS NOT NULL AND priority = tier.rank AND next_fire_ms <= %(before)s"
+)
+_DUE_JOBS = (
+    "SELECT j.* FROM " + _TIERS + " CROSS JOIN LATERAL ("
+    f"SELECT {_JOB_COLUMNS} FROM {{jobs}} WHERE {_DUE_JOBS_WHERE} "
+    "ORDER BY next_fire_ms, job_id LIMIT %(limit)s) AS j LIMIT %(limit)s"
+)
+_DUE_JOBS_SHARDED = _DUE_JOBS.replace(
+    _DUE_JOBS_WHERE, _DUE_JOBS_WHERE + " AND (hashtext(job_id) & 15) = ANY(%(shards)s::int[])"
+)
 _INSERT_RUN = (
     "INSERT INTO {runs} ({cols}) VALUES ("
     + ", ".join("%s" for _ in RUN_COLUMNS)
     + ") ON CONFLICT (run_id) DO NOTHING RETURNING {cols}"
 )
+_INSERT_RUN_QUIETLY = _INSERT_RUN.removesuffix(" RETURNING {cols}")
 _REPLACE_KEY = (
     "INSERT INTO {idem} AS i (tenant_id, key, fingerprint, job_id, response, created_ms, expires_ms) "
     "VALUES (%(tenant_id)s, %(key)s, %(fingerprint)s, %(job_id)s, %(response)s, %(created_ms)s, %(expires_ms)s) "
@@ -518,13 +547,34 @@ class PostgresStore:
         }
         return bool(self.db.read(_SET_STATUS, params))
 
-    def due_jobs(self, before_ms: int, limit: int) -> list[Job]:
-        rows = self.db.read(
-            f"SELECT {_JOB_COLUMNS} FROM {{jobs}} WHERE status = 'ACTIVE' AND next_fire_ms IS NOT NULL "
-            "AND next_fire_ms <= %s ORDER BY next_fire_ms, job_id LIMIT %s",
-            [before_ms, limit],
-        )
-        return [job_from_row(r) for r in rows]
+    def due_jobs(self, before_ms: int, limit: int, shards: Collection[int] | None = None) -> list[Job]:
+        params: dict[str, Any] = {"before": before_ms, "limit": limit}
+        sql = _DUE_JOBS
+        if shards is not None:
+            sql = _DUE_JOBS_SHARDED
+            params["shards"] = sorted(shards)
+        return [job_from_row(r) for r in self.db.read(sql, params)]
+
+    def advance_jobs(self, items: Sequence[tuple[Job, Sequence[Run]]]) -> list[bool]:
+        """One transaction: the advances in one statement (`_ADVANCE_JOBS`), then the runs of the
+        jobs it moved, in run-id order, in one pipelined `executemany`."""
+        wanted = [(job, runs) for job, runs in items if job.corrupt is None]
+        if not wanted:
+            return [False] * len(items)
+        db = self.db
+        rows = [[job.job_id, *_job_values(job.model_copy(update={"version": job.version + 1}))] for job, _ in wanted]
+        columns = [list(column) for column in zip(*rows, strict=True)]
+        columns[6] = [job.version for job, _ in wanted]  # the version expected (the document holds the next)
+
+        def body(conn: Connection) -> set[JobKey]:
+            moved = {JobKey(r["tenant_id"], r["job_id"]) for r in conn.execute(db.sql(_ADVANCE_JOBS), columns)}
+            runs = {run.run_id: run for job, job_runs in wanted if job.key in moved for run in job_runs}
+            if runs:
+                conn.cursor().executemany(db.sql(_INSERT_RUN_QUIETLY), [_run_values(runs[i]) for i in sorted(runs)])
+            return moved
+
+        moved = db.run(body)
+        return [job.corrupt is None and job.key in moved for job, _ in items]
 
     # -- runs ------------------------------------------------------------------------------------
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
 from jobq.errors import (
@@ -44,6 +44,7 @@ from jobq.models import (
 from jobq.ports import CreateRequest, CreateResult, JobQuery, Page, RunQuery
 from jobq.records import DECODE_ERRORS, corrupt_job, corrupt_run, decode_tasks, priority_of
 from jobq.registry import Census, DaemonRecord, census_from_rows, decode_daemons, expiring
+from jobq.sharding import job_shard
 from jobq.sqlitedb import SqliteDatabase, placeholders
 from jobq.store.memory import job_cursor, parse_job_cursor, parse_run_cursor, refuse_corrupt, run_cursor
 
@@ -61,8 +62,11 @@ CREATE TABLE IF NOT EXISTS {name} (
     PRIMARY KEY (tenant_id, job_id)
 )"""
 _JOBS_INDEXES = (
-    "CREATE INDEX IF NOT EXISTS jobq_jobs_due ON jobq_jobs (next_fire_ms) "
+    # Beat: due jobs tier by tier (one range scan per priority), earliest first within a tier.
+    "CREATE INDEX IF NOT EXISTS jobq_jobs_due_tier ON jobq_jobs (priority, next_fire_ms, job_id) "
     "WHERE status = 'ACTIVE' AND next_fire_ms IS NOT NULL",
+    # The previous version's index by fire time alone, replaced by the one above.
+    "DROP INDEX IF EXISTS jobq_jobs_due",
     # Listings across tenants are ordered by job id, then tenant.
     "CREATE INDEX IF NOT EXISTS jobq_jobs_id ON jobq_jobs (job_id, tenant_id)",
     # The primary key serves a tenant's listing; this index of the previous version is redundant.
@@ -179,6 +183,7 @@ _ADDED_RUN_COLUMNS = {
 _INSERT_RUN = (
     f"INSERT OR IGNORE INTO jobq_runs ({', '.join(RUN_COLUMNS)}) VALUES ({placeholders(len(RUN_COLUMNS))}) RETURNING *"
 )
+_INSERT_RUN_QUIETLY = _INSERT_RUN.removesuffix(" RETURNING *")
 _LEASED = "('CLAIMED', 'DISPATCHED', 'RUNNING')"
 # A one-off's final outcome completes its job in the same transaction; the JSON document and the
 # queried columns change together. A document that is not a JSON object (a corrupt row) is left as
@@ -483,13 +488,56 @@ class SqliteStore:
             params = (status.value, now_ms, key.tenant_id, key.job_id, reason, *sorted(s.value for s in expect))
             return conn.execute(sql, params).rowcount == 1
 
-    def due_jobs(self, before_ms: int, limit: int) -> list[Job]:
-        rows = self.db.read(
-            f"SELECT {_JOB_COLUMNS} FROM jobq_jobs WHERE status = 'ACTIVE' AND next_fire_ms IS NOT NULL "
-            "AND next_fire_ms <= ? ORDER BY next_fire_ms LIMIT ?",
-            (before_ms, limit),
-        )
-        return [job_from_row(r) for r in rows]
+    def due_jobs(self, before_ms: int, limit: int, shards: Collection[int] | None = None) -> list[Job]:
+        """One range scan of `jobq_jobs_due_tier` per tier, CRITICAL first, stopping at `limit`.
+        Shards are filtered here, row by row (SQLite has no stable hash function of its own)."""
+        wanted = None if shards is None else frozenset(shards)
+        jobs: list[Job] = []
+        for rank in range(len(PRIORITIES_BY_RANK)):
+            if len(jobs) >= limit:
+                break
+            rows = self._due_rows(rank, before_ms, limit - len(jobs), wanted)
+            jobs.extend(job_from_row(r) for r in rows)
+        return jobs
+
+    def _due_rows(self, rank: int, before_ms: int, limit: int, shards: frozenset[int] | None) -> list[sqlite3.Row]:
+        where = "status = 'ACTIVE' AND next_fire_ms IS NOT NULL AND priority = ? AND next_fire_ms <= ?"
+        order = " ORDER BY next_fire_ms, job_id, tenant_id LIMIT ?"
+        if shards is None:
+            return self.db.read(f"SELECT {_JOB_COLUMNS} FROM jobq_jobs WHERE {where}{order}", (rank, before_ms, limit))
+        rows: list[sqlite3.Row] = []
+        page = max(limit, 200)
+        after: tuple[int, str, str] | None = None
+        while len(rows) < limit:  # pages in index order, keeping the rows of the wanted shards
+            more = "" if after is None else " AND (next_fire_ms, job_id, tenant_id) > (?, ?, ?)"
+            params = (rank, before_ms, *(after or ()), page)
+            batch = self.db.read(f"SELECT {_JOB_COLUMNS} FROM jobq_jobs WHERE {where}{more}{order}", params)
+            rows.extend(r for r in batch if job_shard(r["job_id"]) in shards)
+            if len(batch) < page:
+                break
+            after = (batch[-1]["next_fire_ms"], batch[-1]["job_id"], batch[-1]["tenant_id"])
+        return rows[:limit]
+
+    def advance_jobs(self, items: Sequence[tuple[Job, Sequence[Run]]]) -> list[bool]:
+        """One `BEGIN IMMEDIATE` transaction: each job's compare-and-set, then its runs when it applied."""
+        advanced: list[bool] = []
+        if not items:
+            return advanced
+        with self.db.write() as conn:
+            for job, runs in items:
+                if job.corrupt is not None:
+                    advanced.append(False)
+                    continue
+                row = _job_row(job.model_copy(update={"version": job.version + 1}))
+                cur = conn.execute(
+                    "UPDATE jobq_jobs SET name=?, status=?, priority=?, next_fire_ms=?, version=?, doc=? "
+                    "WHERE tenant_id=? AND job_id=? AND version=?",
+                    (*row[2:], job.tenant_id, job.job_id, job.version),
+                )
+                advanced.append(cur.rowcount == 1)
+                if cur.rowcount == 1 and runs:
+                    conn.executemany(_INSERT_RUN_QUIETLY, [_run_values(run) for run in runs])
+        return advanced
 
     # -- runs ---------------------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ from factories import T0, key, make_job, make_run
 from jobq.errors import Conflict, DuplicateJob, IdempotencyConflict, JobNotFound
 from jobq.models import IdempotencyRecord, Job, JobStatus, Priority, RetryPolicy, RunState, TaskInfo, Transition
 from jobq.ports import JobQuery, JobStore, RunQuery
+from jobq.sharding import JOB_SHARDS
 from jobq.sqlitedb import SqliteDatabase
 from jobq.store.memory import MemoryStore
 from jobq.store.sqlite import SqliteStore
@@ -774,8 +775,8 @@ def test_a_sqlite_file_of_the_previous_version_is_upgraded_in_place_with_its_dat
         store.create_job(make_job("report", tenant_id="acme"), [])
     assert [j.job_id for j in store.due_jobs(T0, 10)] == ["nightly", "report", "report"]
     indexes = {r["name"] for r in store.db.read("SELECT name FROM sqlite_master WHERE type = 'index'")}
-    assert {"jobq_jobs_due", "jobq_jobs_id", "jobq_runs_job_key"} <= indexes
-    assert not {"jobq_jobs_tenant", "jobq_runs_job"} & indexes
+    assert {"jobq_jobs_due_tier", "jobq_jobs_id", "jobq_runs_job_key"} <= indexes
+    assert not {"jobq_jobs_due", "jobq_jobs_tenant", "jobq_runs_job"} & indexes
     for s in opened:
         s.close()
 
@@ -896,3 +897,58 @@ def test_a_sqlite_file_of_an_earlier_version_gets_the_task_catalogue_when_opened
     second.publish_tasks([TaskInfo(name="t.a", priority=Priority.HIGH, published_ms=T0)])
     assert second.task_catalogue()["t.a"].priority is Priority.HIGH
     assert set(second.get_jobs([key("job_1")])) == {key("job_1")}
+
+
+class TestMaterialisation:
+    """What beat needs from a store: due jobs by tier and shard, and a batch of advances."""
+
+    def test_due_jobs_come_critical_first_even_behind_a_larger_backlog_of_earlier_low_jobs(
+        self, store: JobStore
+    ) -> None:
+        low = [make_job(f"low_{i}", next_fire_ms=T0 + i, priority=Priority.LOW) for i in range(6)]
+        store.create_jobs([(job, []) for job in low])
+        store.create_job(make_job("high", next_fire_ms=T0 + 50, priority=Priority.HIGH), [])
+        store.create_job(make_job("critical", next_fire_ms=T0 + 90, priority=Priority.CRITICAL), [])
+        store.create_job(make_job("later", next_fire_ms=T0 + 500, priority=Priority.CRITICAL), [])
+        assert [j.job_id for j in store.due_jobs(T0 + 100, 3)] == ["critical", "high", "low_0"]
+        assert [j.job_id for j in store.due_jobs(T0 + 100, 100)][2:] == [f"low_{i}" for i in range(6)]
+
+    def test_due_jobs_of_each_shard_partition_the_due_jobs(self, store: JobStore) -> None:
+        store.create_jobs([(make_job(f"job_{i:02d}", next_fire_ms=T0 + i), []) for i in range(40)])
+        by_shard = [{j.job_id for j in store.due_jobs(T0 + 100, 100, shards=[s])} for s in range(JOB_SHARDS)]
+        assert set().union(*by_shard) == {f"job_{i:02d}" for i in range(40)}
+        assert sum(len(ids) for ids in by_shard) == 40  # no job in two shards
+        assert sum(1 for ids in by_shard if ids) > 1  # the jobs do spread
+        halves = [set(range(0, 16, 2)), set(range(1, 16, 2))]
+        assert sum(len(store.due_jobs(T0 + 100, 100, shards=h)) for h in halves) == 40
+        assert store.due_jobs(T0 + 100, 100, shards=[]) == []
+
+    def test_advance_jobs_moves_the_jobs_whose_version_holds_and_stores_their_runs(self, store: JobStore) -> None:
+        store.create_jobs([(make_job("fresh"), []), (make_job("stale"), [])])
+        fresh, stale = (store.get_jobs([key(i)])[key(i)] for i in ("fresh", "stale"))
+        store.update_job(stale.model_copy(update={"name": "moved by another beat"}))
+        done = {"next_fire_ms": None, "last_run_id": f"fresh:{T0}"}
+        result = store.advance_jobs(
+            [
+                (fresh.model_copy(update=done), [make_run("fresh")]),
+                (stale.model_copy(update={"next_fire_ms": None}), [make_run("stale")]),
+                (make_job("gone", version=1), [make_run("gone")]),
+            ]
+        )
+        assert result == [True, False, False]
+        jobs = store.get_jobs([key("fresh"), key("stale")])
+        assert (jobs[key("fresh")].version, jobs[key("fresh")].next_fire_ms) == (fresh.version + 1, None)
+        assert (jobs[key("stale")].name, jobs[key("stale")].next_fire_ms) == ("moved by another beat", T0)
+        assert f"fresh:{T0}" in store.get_runs([f"fresh:{T0}"])
+        if not hasattr(store, "table"):  # not DynamoDB, which puts the runs before the advances (see the port)
+            assert store.get_runs([f"stale:{T0}", f"gone:{T0}"]) == {}
+
+    def test_advance_jobs_leaves_runs_that_exist_untouched(self, store: JobStore) -> None:
+        store.create_job(make_job("job_1"), [make_run("job_1", state=RunState.CLAIMED, fence=3)])
+        job = store.get_jobs([key("job_1")])[key("job_1")]
+        later = make_run("job_1", T0 + 60_000)
+        assert store.advance_jobs([(job.model_copy(update={"next_fire_ms": T0 + 120_000}), [make_run("job_1"), later])])
+        runs = store.get_runs([f"job_1:{T0}", later.run_id])
+        assert (runs[f"job_1:{T0}"].state, runs[f"job_1:{T0}"].fence) == (RunState.CLAIMED, 3)
+        assert runs[later.run_id].state is RunState.SCHEDULED
+        assert store.advance_jobs([(job, [])]) == [False]  # the same version again: refused
