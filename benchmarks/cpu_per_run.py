@@ -13,6 +13,10 @@ distorts far less:
   deployment's schema name in their queries), sampled from `/proc` while they live;
 - Redis: the server's `used_cpu_user + used_cpu_sys` (the whole server: other clients count too).
 
+Two figures per repetition: the whole run (start-up of every process included, so it depends on
+the run count) and the steady state, from 10% to 90% of the runs executed (daemons and servers;
+W1's runs are published at submission, so submission is over and the scanner idle by then).
+
 `--profile` instead attaches `py-spy record --gil` to every process (and to this one while it submits)
 and splits the samples by stage: submit, claim/dispatch (the scanner, and the worker receiving
 messages), start, execute, complete, history, and the rest (loops, heartbeats, beat and reaper).
@@ -46,8 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from stacks import STACKS, stack
 
-from jobq.bench import NOOP, Bench, _env
-from jobq.models import TaskTarget
+from jobq.bench import NOOP, Bench, _count, _env
 from jobq.settings import Settings
 from jobq.wiring import connect
 
@@ -120,7 +123,7 @@ class _PostgresBackends:
 def _redis_cpu_s(url: str) -> float:
     import redis
 
-    info = redis.Redis.from_url(url.split("?")[0]).info("cpu")
+    info = redis.Redis.from_url(url.split("?", maxsplit=1)[0]).info("cpu")
     return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
@@ -133,6 +136,29 @@ class _MeasuredBench(Bench):
         self.spies: list[subprocess.Popen[bytes]] = []
         self.submit_cpu_s = 0.0
         self.daemons_cpu_s = 0.0
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.servers: Any = lambda: 0.0  # CPU seconds of the servers so far (set by `_once`)
+        self.window: dict[str, float] = {}
+
+    def _snapshot(self, done: int) -> dict[str, float]:
+        daemons = sum(_proc_cpu_s(p.pid) or 0.0 for p in self.procs.values())
+        return {"done": done, "daemons": daemons, "servers": self.servers()}
+
+    def _wait(self, logs: Path, n: int, phase: str, timeout_s: float = 900.0) -> None:
+        """Wait for all `n` runs, snapshotting CPU when 10% and 90% of them have run: the steady
+        state between excludes start-up (imports, connections) and the tail."""
+        marks = [max(1, n // 10), n * 9 // 10]
+        snaps: list[dict[str, float]] = []
+        deadline = time.monotonic() + timeout_s
+        while (done := _count(logs)) < n:
+            if len(snaps) < 2 and done >= marks[len(snaps)]:
+                snaps.append(self._snapshot(done))
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"only {done} of {n} runs executed within {timeout_s} s")
+            time.sleep(0.01)
+        if len(snaps) == 2:
+            runs = snaps[1]["done"] - snaps[0]["done"]
+            self.window = {k: (snaps[1][k] - snaps[0][k]) / runs * 1e6 for k in ("daemons", "servers")}
 
     def _spy(self, pid: int, name: str) -> None:
         assert self.profile_dir is not None
@@ -166,6 +192,7 @@ class _MeasuredBench(Bench):
         roles.update({f"worker-{i}": worker for i in range(self.workers)})
         before = _cpu_s(resource.getrusage(resource.RUSAGE_CHILDREN))
         procs = {role: subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL) for role, cmd in roles.items()}
+        self.procs = procs
         if self.profile_dir is not None:
             for role, proc in procs.items():
                 self._spy(proc.pid, role)
@@ -190,6 +217,12 @@ def _once(stack_name: str, runs: int, workers: int, concurrency: int, profile_di
         try:
             redis_before = _redis_cpu_s(redis_url) if redis_url else 0.0
             pg = _PostgresBackends(urls["store"].split("?")[0], schema) if schema else contextlib.nullcontext()
+
+            def servers() -> float:
+                pg_now = pg.cpu_s if isinstance(pg, _PostgresBackends) else 0.0
+                return pg_now + (_redis_cpu_s(redis_url) if redis_url else 0.0)
+
+            bench.servers = servers
             with pg:
                 result = bench.instant(runs, task=NOOP)
             redis_s = _redis_cpu_s(redis_url) - redis_before if redis_url else 0.0
@@ -208,6 +241,8 @@ def _once(stack_name: str, runs: int, workers: int, concurrency: int, profile_di
             "daemons": bench.daemons_cpu_s / runs * 1e6,
             "servers": (pg_s + redis_s) / runs * 1e6,
         },
+        # Between 10% and 90% of the runs executed: no start-up, no tail. Submission is over by then.
+        "steady_us_per_run": {**bench.window, "total": sum(bench.window.values())},
     }
 
 
@@ -277,10 +312,11 @@ def main() -> None:
         for i in range(args.repeat):
             rep = _once(args.stack, args.runs, args.workers, args.concurrency, None)
             reps.append(rep)
-            per = rep["cpu_us_per_run"]
+            per, steady = rep["cpu_us_per_run"], rep["steady_us_per_run"]
             print(
                 f"  #{i + 1}: {per['total']:.0f} us CPU/run (submit {per['submit']:.0f}, daemons {per['daemons']:.0f}, "
-                f"servers {per['servers']:.0f}); {rep['runs_per_s']:,.0f} runs/s once={rep['executed_once']}",
+                f"servers {per['servers']:.0f}); steady state: daemons {steady.get('daemons', 0):.0f}, servers "
+                f"{steady.get('servers', 0):.0f}; {rep['runs_per_s']:,.0f} runs/s once={rep['executed_once']}",
                 flush=True,
             )
         doc["repetitions"] = reps
@@ -292,7 +328,15 @@ def main() -> None:
             }
             for k in reps[0]["cpu_us_per_run"]
         }
-        print(json.dumps(doc["cpu_us_per_run"], indent=1))
+        doc["steady_us_per_run"] = {
+            k: {
+                "median": statistics.median(r["steady_us_per_run"][k] for r in reps),
+                "min": min(r["steady_us_per_run"][k] for r in reps),
+                "max": max(r["steady_us_per_run"][k] for r in reps),
+            }
+            for k in reps[0]["steady_us_per_run"]
+        }
+        print(json.dumps({"whole": doc["cpu_us_per_run"], "steady": doc["steady_us_per_run"]}, indent=1))
     doc["machine"]["load_after"] = os.getloadavg()
     RESULTS.mkdir(exist_ok=True)
     kind = "cpu-profile" if args.profile else "cpu-per-run"

@@ -389,7 +389,20 @@ RUN_FIELDS: tuple[str, ...] = tuple(name for name in Run.model_fields if name !=
 _STORED_RUN_FIELDS = frozenset(RUN_FIELDS)
 _RUN_STATES: dict[str, RunState] = {state.value: state for state in RunState}
 _RUN_TYPES: tuple[tuple[type, tuple[str, ...]], ...] = (
-    (int, ("nominal_ms", "due_ms", "attempt", "fence", "version", "created_ms", "updated_ms", "handbacks", "attempt_base")),
+    (
+        int,
+        (
+            "nominal_ms",
+            "due_ms",
+            "attempt",
+            "fence",
+            "version",
+            "created_ms",
+            "updated_ms",
+            "handbacks",
+            "attempt_base",
+        ),
+    ),
     (str, ("run_id", "job_id", "tenant_id")),
     (bool, ("dead_letter",)),
 )
@@ -416,6 +429,7 @@ def _well_typed(fields: dict[str, Any]) -> bool:
             if value is not None and type(value) is not kind:
                 return False
     return True
+
 
 # The fields a transition may change besides state and fence. Backends whitelist these.
 MUTABLE_RUN_FIELDS = frozenset(
