@@ -17,8 +17,8 @@ Two figures per repetition: the whole run (start-up of every process included, s
 the run count) and the steady state, from 10% to 90% of the runs executed (daemons and servers;
 W1's runs are published at submission, so submission is over and the scanner idle by then).
 
-`--profile` instead attaches `py-spy record --gil` to every process (and to this one while it submits)
-and splits the samples by stage: submit, claim/dispatch (the scanner, and the worker receiving
+`--profile` instead attaches `py-spy record --gil` to every daemon for the steady state (and to this
+process while it submits) and splits the samples by stage: submit, claim/dispatch (the scanner, and the worker receiving
 messages), start, execute, complete, history, and the rest (loops, heartbeats, beat and reaper).
 Profiling costs CPU itself, so the CPU figures of a profiled repetition are not reported.
 
@@ -139,10 +139,21 @@ class _MeasuredBench(Bench):
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.servers: Any = lambda: 0.0  # CPU seconds of the servers so far (set by `_once`)
         self.window: dict[str, float] = {}
+        self.window_spies = 0
 
     def _snapshot(self, done: int) -> dict[str, float]:
         daemons = sum(_proc_cpu_s(p.pid) or 0.0 for p in self.procs.values())
         return {"done": done, "daemons": daemons, "servers": self.servers()}
+
+    def _profile_window(self, *, first: bool) -> None:
+        """Attach py-spy to every daemon at the first mark; stop it (it writes its file) at the second."""
+        if first:
+            self.window_spies = len(self.spies)
+            for role, proc in self.procs.items():
+                self._spy(proc.pid, role)
+            return
+        for spy in self.spies[self.window_spies :]:
+            spy.send_signal(signal.SIGINT)
 
     def _wait(self, logs: Path, n: int, phase: str, timeout_s: float = 900.0) -> None:
         """Wait for all `n` runs, snapshotting CPU when 10% and 90% of them have run: the steady
@@ -153,6 +164,8 @@ class _MeasuredBench(Bench):
         while (done := _count(logs)) < n:
             if len(snaps) < 2 and done >= marks[len(snaps)]:
                 snaps.append(self._snapshot(done))
+                if self.profile_dir is not None:
+                    self._profile_window(first=len(snaps) == 1)
             if time.monotonic() > deadline:
                 raise TimeoutError(f"only {done} of {n} runs executed within {timeout_s} s")
             time.sleep(0.01)
@@ -193,9 +206,6 @@ class _MeasuredBench(Bench):
         before = _cpu_s(resource.getrusage(resource.RUSAGE_CHILDREN))
         procs = {role: subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL) for role, cmd in roles.items()}
         self.procs = procs
-        if self.profile_dir is not None:
-            for role, proc in procs.items():
-                self._spy(proc.pid, role)
         try:
             yield logs
         finally:
