@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import sqlite3
 import threading
 import time
@@ -19,6 +20,8 @@ from urllib.parse import urlsplit
 
 from jobq.errors import ConfigError, StoreError, StoreUnavailable
 
+_BUSY_TIMEOUT_MS = 30000
+
 _PRAGMAS = (
     # Readers never block the writer and the writer never blocks readers; survives kill -9.
     "PRAGMA journal_mode=WAL",
@@ -26,7 +29,7 @@ _PRAGMAS = (
     # crash loses nothing. jobq's durability target is the process crash.
     "PRAGMA synchronous=NORMAL",
     # Writers from other processes wait up to 30 s for the lock instead of failing at once.
-    "PRAGMA busy_timeout=30000",
+    f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}",
     "PRAGMA foreign_keys=ON",
     # Keep hot pages in memory: 64 MiB per connection at most.
     "PRAGMA cache_size=-65536",
@@ -103,7 +106,7 @@ class SqliteDatabase:
         if conn.in_transaction:
             raise RuntimeError("nested write transaction on one thread: a bug in the caller")
         try:
-            _retry_locked(lambda: conn.execute("BEGIN IMMEDIATE"))
+            _begin_immediate(conn)
         except sqlite3.Error as exc:
             raise StoreUnavailable(f"{self.path}: {exc}") from exc
         try:
@@ -142,6 +145,39 @@ class SqliteDatabase:
                     conn.close()
             self._by_thread.clear()
         self._local = threading.local()
+
+
+# Waiting for the write lock. SQLite's own busy handler sleeps 1, 2, 5, 10, 15, 20, 25, 25, 25, 50,
+# 50, 100 ms between tries: a process that found the lock taken once or twice sleeps for tens of
+# milliseconds while the holder commits and takes the lock again many times, so with two busy
+# worker processes each spent much of its time asleep (docs/performance.md, issue 14). BEGIN
+# IMMEDIATE is the only statement that waits for the lock (in WAL, statements inside it and reads
+# outside it do not), so it waits in this loop instead: short jittered sleeps that never grow past
+# `_LOCK_PAUSE_MAX_S`, up to the same 30 s the busy timeout allows every other statement.
+_LOCK_WAIT_S = 30.0
+_LOCK_PAUSE_FIRST_S = 0.0002
+_LOCK_PAUSE_MAX_S = 0.002
+
+
+def _begin_immediate(conn: sqlite3.Connection) -> None:
+    """`BEGIN IMMEDIATE`, retried with short pauses while another connection holds the write lock.
+    The busy handler is off for the attempt itself (so a taken lock answers at once) and back on
+    for the transaction's statements."""
+    conn.execute("PRAGMA busy_timeout=0")
+    try:
+        deadline = time.monotonic() + _LOCK_WAIT_S
+        pause_s = _LOCK_PAUSE_FIRST_S
+        while True:
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as exc:
+                if ("locked" not in str(exc) and "busy" not in str(exc)) or time.monotonic() >= deadline:
+                    raise
+            time.sleep(pause_s * (0.5 + random.random()))
+            pause_s = min(pause_s * 2, _LOCK_PAUSE_MAX_S)
+    finally:
+        conn.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
 
 
 def _retry_locked(op: Any, attempts: int = 50) -> Any:

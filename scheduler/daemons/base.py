@@ -123,8 +123,8 @@ class Daemon:
 
 
 def event(run: Run, kind: str, now_ms: int, **more: object) -> RunEvent:
-    """A history line for `run` as it is now."""
-    return RunEvent.model_validate(
+    """A history line for `run` as it is now (built without re-validating what a run already holds)."""
+    return RunEvent.trusted(
         {
             "run_id": run.run_id,
             "job_id": run.job_id,
@@ -133,7 +133,9 @@ def event(run: Run, kind: str, now_ms: int, **more: object) -> RunEvent:
             "fence": run.fence,
             "kind": kind,
             "at_ms": now_ms,
+            "worker": None,
             "error": run.last_error,
+            "duration_ms": None,
             **more,
         }
     )
