@@ -184,11 +184,11 @@ def _full(
 
         def read_page(at: str | None) -> tuple[list[JobRow], str | None]:
             page = client.list(dataclasses.replace(query, cursor=at))
-            by_key.update((tuple(j.key), j) for j in page.items)
+            by_key.update(((j.tenant_id, j.job_id), j) for j in page.items)
             return [JobRow.from_job(j) for j in page.items], page.next_cursor
 
         def outcomes(rows: list[JobRow]) -> dict[tuple[str, str], str]:
-            return {tuple(k): v for k, v in client.outcomes([by_key[r.key] for r in rows]).items()}
+            return {(k.tenant_id, k.job_id): v for k, v in client.outcomes([by_key[r.key] for r in rows]).items()}
 
         rows, next_cursor, truncated = newest_matching(
             read_page, outcomes, task=task, wanted=wanted, limit=limit, cursor=cursor, scan=LIST_SCAN

@@ -243,7 +243,7 @@ def _target(doc: Any) -> dict[str, Any]:
     if doc.get("type") == "TASK":
         return _fields(doc, {"type": str, "task": lambda v: _text(v, min_length=1, max_length=200)}, ("type", "task"))
     if doc.get("type") == "HTTP_WEBHOOK":
-        checks = {
+        checks: dict[str, Callable[[Any], Any]] = {
             "type": str,
             "endpoint": lambda v: _text(v, min_length=1, max_length=2048),
             "method": lambda v: _choice(v, WEBHOOK_METHODS),
