@@ -223,6 +223,7 @@ def test_a_row_the_light_decoder_cannot_vouch_for_is_listed_by_the_full_path_as_
     assert shown["nightly"]["corrupt"] is None
 
 
+@pytest.mark.slow  # starts a `jobq list` process to see which path it took
 def test_a_failed_one_off_is_listed_as_failed_by_the_fast_path(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'jobq.db'}"
     d = connect(Settings.load({"store": url}, env={}))
