@@ -91,7 +91,15 @@ LONG_TESTS = (
 SPAWNING_TESTS = (
     "tests/test_cli_startup.py::test_jobq_",
     "test_h_resolves_the_same_in_another_process",
+    "tests/test_readme.py::test_the_quickstart",
+    "tests/test_packaging.py::",
+    "tests/test_tracing.py::test_without_opentelemetry",
+    "tests/test_tracing.py::test_tracing_console",
+    "tests/test_tracing.py::test_tracing_otlp",
+    "tests/contract/test_registry.py::test_dynamodb_",  # the moto server, through a helper
 )
+# What a test or one of its fixtures calls to start a process in its own body.
+SPAWN_CALLS = ("subprocess.", "Popen(", "multiprocessing.")
 SPAWNING_PARAMS = frozenset({"prefork"})
 
 
@@ -101,14 +109,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(name)
 
 
-def _calls_a_service(item: pytest.Item) -> bool:
-    """Whether the test function or a fixture it uses calls one of `SERVICE_CALLS` in its own body."""
+def _calls(item: pytest.Item, calls: tuple[str, ...]) -> bool:
+    """Whether the test function or a fixture it uses calls one of `calls` in its own body."""
     functions = [getattr(item, "obj", None)]
     info = getattr(item, "_fixtureinfo", None)
     for name in getattr(item, "fixturenames", ()):
         definitions = info.name2fixturedefs.get(name, ()) if info is not None else ()
         functions += [d.func for d in definitions]
-    return any(call in _source(f) for f in functions if f is not None for call in SERVICE_CALLS)
+    return any(call in _source(f) for f in functions if f is not None for call in calls)
 
 
 @functools.cache
@@ -124,9 +132,10 @@ def _marks(item: pytest.Item, config: pytest.Config) -> tuple[str, ...]:
     callspec = getattr(item, "callspec", None)
     tokens = set(callspec.id.lower().replace("_", "-").split("-")) if callspec is not None else set()
     local = bool(tokens & LOCAL_PARAMS) and not tokens & SERVICE_PARAMS  # a shared fixture's local cell
-    if path in SERVICE_FILES or tokens & SERVICE_PARAMS or (not local and _calls_a_service(item)):
+    if path in SERVICE_FILES or tokens & SERVICE_PARAMS or (not local and _calls(item, SERVICE_CALLS)):
         return ("services", "slow")
-    if any(pattern in item.nodeid for pattern in (*LONG_TESTS, *SPAWNING_TESTS)) or tokens & SPAWNING_PARAMS:
+    spawns = tokens & SPAWNING_PARAMS or _calls(item, SPAWN_CALLS)
+    if spawns or any(pattern in item.nodeid for pattern in (*LONG_TESTS, *SPAWNING_TESTS)):
         return ("slow",)
     seeded = path == "tests/simulation/test_simulation.py" and callspec is not None
     if seeded and config.getoption("--seed") is None and int(callspec.params.get("seed", 0)) >= SMOKE_SEEDS:
