@@ -13,6 +13,7 @@ import sqlite3
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from jobq.joblist import PRIORITY_RANKS, JobRow, job_cursor_of, parse_job_cursor, row_from_doc
 from jobq.sqlitedb import placeholders
@@ -87,7 +88,8 @@ class SqliteJobLister:
         if not Path(path).is_file():
             return None
         try:
-            conn = sqlite3.connect(f"file:{Path(path).resolve()}?mode=ro", uri=True, timeout=5.0)
+            # Read-only: this reader never creates or changes a file. The path is quoted (`?`, `#`, `%`).
+            conn = sqlite3.connect(f"file:{quote(str(Path(path).resolve()))}?mode=ro", uri=True, timeout=5.0)
         except sqlite3.Error:
             return None
         try:
