@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 from typing import Any, Literal
@@ -29,10 +28,8 @@ from jobq.cli.common import (
 from jobq.cli.common import table as new_table
 from jobq.client import Client
 from jobq.deployment import Deployment
-from jobq.errors import InvalidQuery
-from jobq.models import Job, JobKey, JobStatus, Priority, Run, RunState, ScheduleType, TaskTarget
-from jobq.ports import JobQuery
-from jobq.views import event_resource, iso, job_resource, job_summary, run_resource, task_resource
+from jobq.models import JobStatus, Priority, Run, RunState, ScheduleType, TaskTarget
+from jobq.views import event_resource, iso, job_resource, run_resource, task_resource
 
 PREVIEW_MAX_FIRES = 500  # jobq.cronpreview.MAX_FIRES, not imported here: it is slow to load
 
@@ -327,107 +324,6 @@ def status(job_id: str | None, tenant_id: str | None, as_json: bool, **options: 
 
 
 _STATUS_RUNS = 100  # runs `jobq status` looks through for the last success and the last error
-_STATUSES = [*(s.value for s in JobStatus), "FAILED"]
-_LIST_SCAN = 100_000  # jobs `jobq list` reads at most to find the newest; narrow with filters beyond
-
-
-@click.command(name="list")
-@click.option("--status", "status_", type=click.Choice([*_STATUSES], case_sensitive=False), help="Only this status.")
-@click.option("--task", default=None, help="Only jobs of this task.")
-@click.option("--name", "name_prefix", default=None, help="Only jobs whose name starts with this.")
-@click.option("--name-prefix", "name_prefix", default=None, hidden=True)
-@click.option("--priority", type=click.Choice([p.value for p in Priority], case_sensitive=False))
-@click.option("--tenant", "tenant_id", default=None)
-@click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True)
-@click.option("--cursor", default=None, help="Page in job id order from a previous --json page (for scripts).")
-@json_option
-@backend_options
-def list_jobs(
-    status_: str | None,
-    task: str | None,
-    name_prefix: str | None,
-    priority: str | None,
-    tenant_id: str | None,
-    limit: int,
-    cursor: str | None,
-    as_json: bool,
-    **options: Any,
-) -> None:
-    """List jobs, newest first, filtered by status, task, name prefix or priority.
-
-    A one-off whose run was dead-lettered is FAILED (its job record says COMPLETED). With
-    --cursor, pages follow job id order instead, as `--json` pages do."""
-    wanted = status_.upper() if status_ else None
-    stored = None if wanted in (None, "FAILED") else JobStatus(wanted)
-    try:
-        query = JobQuery(
-            tenant_id=tenant_id,
-            status=JobStatus.COMPLETED if wanted == "FAILED" else stored,
-            priority=Priority.parse(priority) if priority else None,
-            name_prefix=name_prefix,
-            cursor=cursor,
-            limit=1000 if cursor is None else limit,
-        )
-    except InvalidQuery as exc:
-        flag = {"tenant_id": "--tenant", "name_prefix": "--name", "cursor": "--cursor"}.get(exc.field or "")
-        fail(f"{flag} {exc.message.removeprefix(exc.field or '').strip()}" if flag else exc.message)
-    with reader(load_settings(options)) as d:
-        client = Client(d)
-        found, next_cursor, truncated = _matching(client, query, task, wanted, limit)
-        outcomes = client.outcomes(found)
-    if as_json:
-        jobs = [{**job_summary(j), "status": outcomes.get(j.key, j.status.value)} for j in found]
-        print_json({"jobs": jobs, "next_cursor": next_cursor})
-        return
-    if not found:
-        console.print("no jobs" + (" match" if any((wanted, task, name_prefix, priority, tenant_id)) else ""))
-        return
-    table = new_table("job_id", "tenant", "name", "status", "type", "schedule", "priority", "created")
-    for job in found:
-        shown = outcomes.get(job.key, job.status.value)
-        table.add_row(
-            job.job_id,
-            job.tenant_id,
-            job.name,
-            shown if job.corrupt is None else f"{shown} (corrupt: {job.corrupt})",
-            job.schedule.type.value,
-            job.schedule.cron or _iso(job.schedule.at_ms),
-            job.priority.value,
-            _iso(job.created_ms),
-        )
-    console.print(table)
-    if next_cursor:
-        console.print(f"more: --cursor {next_cursor}")
-    if truncated:
-        console.print(f"(the newest among the first {_LIST_SCAN} matching jobs: narrow with --status, --task, --name)")
-
-
-def _matching(
-    client: Client, query: JobQuery, task: str | None, wanted: str | None, limit: int
-) -> tuple[list[Job], str | None, bool]:
-    """The jobs to list: with a cursor, that page in id order; otherwise the newest `limit` of every
-    match (read page by page), newest first. Returns (jobs, next cursor, scan cut short)."""
-
-    def keep(job: Job, outcome: dict[JobKey, str]) -> bool:
-        if task is not None and (not isinstance(job.target, TaskTarget) or job.target.task != task):
-            return False
-        return wanted is None or outcome.get(job.key, job.status.value) == wanted
-
-    if query.cursor is not None:
-        page = client.list(query)
-        outcome = client.outcomes(page.items) if wanted in ("FAILED", "COMPLETED") else {}
-        return [j for j in page.items if keep(j, outcome)], page.next_cursor, False
-    found: list[Job] = []
-    seen, cursor = 0, None
-    while True:
-        page = client.list(dataclasses.replace(query, cursor=cursor))
-        seen += len(page.items)
-        outcome = client.outcomes(page.items) if wanted in ("FAILED", "COMPLETED") else {}
-        found += [j for j in page.items if keep(j, outcome)]
-        found = sorted(found, key=lambda j: (j.created_ms, j.job_id), reverse=True)[:limit]
-        cursor = page.next_cursor
-        if cursor is None or seen >= _LIST_SCAN:
-            return found, None, cursor is not None
 
 
 @click.command()

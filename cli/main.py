@@ -60,7 +60,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "List the task catalogue: every task a worker has published, with the options a submission by name",
     ),
     "list": (
-        "jobq.cli.jobs",
+        "jobq.cli.listing",
         "list_jobs",
         "List jobs, newest first, filtered by status, task, name prefix or priority.",
     ),

@@ -28,23 +28,13 @@ from pydantic_core import PydanticCustomError
 
 from jobq.errors import InvalidJob
 from jobq.instants import MAX_INSTANT_MS, MIN_INSTANT_MS, describe_range, in_range
+from jobq.texts import text_problem
 
 MAX_PAYLOAD_DEPTH = 64  # arrays and objects inside each other; pydantic's serializer stops near 250
 # What pydantic puts into error locations besides field names: validator wrappers, union members
 # and the tags of the target union.
 _NOISE_PREFIXES = ("function-", "constrained-", "lax-", "strict-", "nullable[")
 _NOISE_PARTS = frozenset({"int", "str", "float", "bool", "TASK", "HTTP_WEBHOOK", "[key]"})
-
-
-def text_problem(value: str) -> str | None:
-    """Why `value` cannot be stored as text, or None when it can."""
-    if "\x00" in value:
-        return "contains a NUL character (U+0000)"
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return "contains a lone surrogate (U+D800..U+DFFF), which is not valid Unicode text"
-    return None
 
 
 def check_text(value: str) -> str:

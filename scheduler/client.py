@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from jobq import tracing
-from jobq.bounds import text_problem
 from jobq.clock import Clock
 from jobq.codec import encode, envelope_for
 from jobq.deployment import Deployment
@@ -59,6 +58,7 @@ from jobq.models import (
 )
 from jobq.ports import CreateRequest, CreateResult, IndexEntry, JobQuery, Page, RunQuery
 from jobq.results import ResultState, RunResult, read_result
+from jobq.texts import text_problem
 
 if TYPE_CHECKING:
     from jobq.submission import JobSpec, Limits

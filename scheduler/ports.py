@@ -11,7 +11,6 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar, runtime_checkable
 
-from jobq.bounds import text_problem
 from jobq.errors import InvalidQuery, JobqError
 from jobq.models import (
     ApiToken,
@@ -27,6 +26,7 @@ from jobq.models import (
     Transition,
 )
 from jobq.registry import Census, DaemonRecord
+from jobq.texts import text_problem
 
 T = TypeVar("T")
 

@@ -19,9 +19,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from jobq.bounds import text_problem
 from jobq.errors import ResultExpired, ResultNotKept, TaskCancelled, TaskFailed
 from jobq.models import Run, RunState
+from jobq.texts import text_problem
 
 NOT_KEPT = "jobq_result_not_kept"  # the key of the marker kept instead of a value that was not kept
 

@@ -24,7 +24,7 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_core import PydanticCustomError
 
-from jobq.bounds import Instant, Payload, check_instant, check_text, invalid_job, text_problem
+from jobq.bounds import Instant, Payload, check_instant, check_text, invalid_job
 from jobq.errors import InvalidCron, InvalidJob, MissedWindow, PayloadTooLarge, ScheduleError, UnknownTask
 from jobq.ids import new_job_id
 from jobq.instants import describe_range, in_range
@@ -47,6 +47,7 @@ from jobq.models import (
 )
 from jobq.schedules import cron_for, jitter_ms, next_fire, parse_cron, plan_fires, zone
 from jobq.settings import Settings
+from jobq.texts import text_problem
 from jobq.tracing import fire_trace
 
 JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$"

@@ -11,7 +11,8 @@ from typing import Any
 
 from jobq.client import JobView
 from jobq.instants import to_iso
-from jobq.models import Job, JobStatus, Run, RunEvent, RunState, Target, TaskInfo, TaskTarget, WebhookTarget
+from jobq.joblist import JobRow
+from jobq.models import Job, JobStatus, Run, RunEvent, RunState, Target, TaskInfo, WebhookTarget
 from jobq.redaction import redact_headers, redact_url
 
 
@@ -79,22 +80,7 @@ def redact_target(target: Target) -> dict[str, Any]:
 
 
 def job_summary(job: Job) -> dict[str, Any]:
-    return {
-        "job_id": job.job_id,
-        "tenant_id": job.tenant_id,
-        "job_name": job.name,
-        "job_status": job.status.value,
-        "status_reason": job.status_reason,
-        "corrupt": job.corrupt,
-        "schedule_type": job.schedule.type.value,
-        "cron_expression": job.schedule.cron,
-        "cron_source": job.schedule.cron_source or job.schedule.cron,
-        "timezone": job.schedule.timezone,
-        "priority": job.priority.value,
-        "task": job.target.task if isinstance(job.target, TaskTarget) else None,
-        "created_at": iso(job.created_ms),
-        "updated_at": iso(job.updated_ms),
-    }
+    return JobRow.from_job(job).summary()
 
 
 def event_resource(e: RunEvent) -> dict[str, Any]:

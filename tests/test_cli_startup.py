@@ -46,9 +46,44 @@ def test_jobq_list_on_sqlite_loads_neither_the_api_nor_another_backend_nor_the_s
 
     init_store(Settings.load({"store": f"sqlite:///{tmp_path / 'jobq.db'}"}, env={}))
     loaded = _loaded(tmp_path, "list")
-    assert "jobq.cli.jobs" in loaded  # it did run
+    assert "jobq.cli.listing" in loaded  # it did run
     unused = {"jobq.cli.daemons", "jobq.cli.api", "jobq.cronpreview", "jobq.api", "jobq.submission", "croniter"}
     assert loaded & (API_AND_BACKENDS | unused) == set()
+
+
+def test_jobq_list_on_sqlite_reads_the_file_without_pydantic_settings_models_or_the_store_backend(
+    tmp_path: Path,
+) -> None:
+    """The read path of the embedded default decodes rows to light objects (jobq.joblist): the
+    pydantic models, the settings model, the client and the store backend stay unloaded, also
+    with jobs to show and a filter."""
+    from factories import make_job
+
+    from jobq.settings import Settings
+    from jobq.wiring import connect
+
+    d = connect(Settings.load({"store": f"sqlite:///{tmp_path / 'jobq.db'}"}, env={}))
+    try:
+        d.store.create_job(make_job("nightly"), [])
+    finally:
+        d.close()
+    heavy = {
+        "pydantic",
+        "pydantic_core",
+        "jobq.models",
+        "jobq.settings",
+        "jobq.ports",
+        "jobq.records",
+        "jobq.client",
+        "jobq.wiring",
+        "jobq.deployment",
+        "jobq.store.sqlite",
+        "jobq.cli.jobs",
+    }
+    for args in (["list"], ["list", "--json", "--status", "failed", "--task", "t.echo"]):
+        loaded = _loaded(tmp_path, *args)
+        assert "jobq.store.sqlite_listing" in loaded  # it read the file itself
+        assert loaded & heavy == set(), args
 
 
 @pytest.mark.parametrize("name", sorted(COMMANDS))

@@ -176,3 +176,30 @@ def test_the_first_command_in_a_fresh_venv_on_a_clean_clone_serves_the_api_and_t
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_the_readme_fast_command_is_the_marker_expression_pytest_is_configured_with() -> None:
+    [command] = block("fast")
+    assert command == 'pytest -m "not slow"'
+    pyproject = (REPO / "pyproject.toml").read_text()
+    assert '"slow: ' in pyproject and '"services: ' in pyproject  # registered (--strict-markers)
+
+
+@pytest.mark.slow  # starts a pytest process to collect
+def test_the_readme_fast_command_leaves_out_every_test_that_needs_a_service_or_spawns_processes() -> None:
+    args = shlex.split(block("fast")[0])[1:]
+    files = ["tests/contract/test_store.py", "tests/contract/test_transport.py", "tests/test_cli_startup.py"]
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", *args, "--collect-only", "-q", "-p", "no:cacheprovider", *files],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    ids = [line for line in out.stdout.splitlines() if "::" in line]
+    assert ids, out.stdout + out.stderr
+    assert any("[sqlite]" in i for i in ids) and any("[memory]" in i for i in ids)
+    for backend in ("postgres", "dynamodb", "redis", "sqs", "amqp"):
+        assert not [i for i in ids if f"[{backend}" in i], backend
+    assert not [i for i in ids if "test_cli_startup.py::test_jobq_" in i]

@@ -31,6 +31,7 @@ from jobq.dynamodb import (
 )
 from jobq.dynamodb_schema import render_definition, table_definition
 from jobq.errors import Conflict, DuplicateJob, IdempotencyConflict, JobNotFound, JobqError, StoreUnavailable
+from jobq.joblist import parse_job_cursor
 from jobq.models import (
     LEASED_STATES,
     PRIORITIES_BY_RANK,
@@ -74,7 +75,7 @@ from jobq.store.dynamodb_items import (
     tenant_segment,
     token_hash_key,
 )
-from jobq.store.memory import job_cursor, parse_job_cursor, parse_run_cursor, refuse_corrupt, run_cursor
+from jobq.store.memory import job_cursor, parse_run_cursor, refuse_corrupt, run_cursor
 
 _FINISHABLE = (JobStatus.ACTIVE.value, JobStatus.COMPLETED.value)
 _CREATE_ATTEMPTS = 8  # contention (TransactionConflict) backs off between attempts

@@ -13,6 +13,7 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from jobq.errors import Conflict, DuplicateJob, IdempotencyConflict, JobNotFound, JobqError
+from jobq.joblist import job_cursor_of, parse_job_cursor
 from jobq.models import (
     LEASED_STATES,
     TERMINAL_STATES,
@@ -88,14 +89,7 @@ def parse_run_cursor(cursor: str) -> tuple[int, str]:
 
 def job_cursor(job: Job) -> str:
     """Jobs are listed by (job id, tenant): two tenants may share an id."""
-    return f"{job.job_id}|{job.tenant_id}"
-
-
-def parse_job_cursor(cursor: str) -> tuple[str, str | None]:
-    """(job id, tenant) of a `job_cursor`; the tenant is None in a cursor from before job ids were
-    scoped by tenant (a bare job id), which continues after every tenant's job of that id."""
-    job_id, sep, tenant = cursor.partition("|")
-    return job_id, tenant if sep else None
+    return job_cursor_of(job.job_id, job.tenant_id)
 
 
 def after_job_cursor(job: Job, cursor: str, descending: bool = False) -> bool:

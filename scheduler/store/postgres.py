@@ -23,12 +23,13 @@ from jobq.errors import (
     StoreError,
     StoreUnavailable,
 )
+from jobq.joblist import parse_job_cursor
 from jobq.models import ApiToken, IdempotencyRecord, Job, JobKey, JobStatus, Run, RunState, TaskInfo, Transition
 from jobq.ports import CreateRequest, CreateResult, JobQuery, Page, RunQuery
 from jobq.postgresdb import RUN_COLUMNS, PostgresDatabase
 from jobq.records import DECODE_ERRORS, corrupt_job, corrupt_run, decode_tasks, priority_of
 from jobq.registry import Census, DaemonRecord, census_from_rows, decode_daemons, expiring
-from jobq.store.memory import job_cursor, parse_job_cursor, parse_run_cursor, refuse_corrupt, run_cursor
+from jobq.store.memory import job_cursor, parse_run_cursor, refuse_corrupt, run_cursor
 
 if TYPE_CHECKING:
     import psycopg.types.json

@@ -46,7 +46,8 @@ from jobq.records import DECODE_ERRORS, corrupt_job, corrupt_run, decode_tasks, 
 from jobq.registry import Census, DaemonRecord, census_from_rows, decode_daemons, expiring
 from jobq.sharding import job_shard
 from jobq.sqlitedb import SqliteDatabase, placeholders
-from jobq.store.memory import job_cursor, parse_job_cursor, parse_run_cursor, refuse_corrupt, run_cursor
+from jobq.store.memory import job_cursor, parse_run_cursor, refuse_corrupt, run_cursor
+from jobq.store.sqlite_listing import JOB_COLUMNS, job_list_sql
 
 # The column order is the previous version's (it inserts positionally); only the key changed.
 _JOBS_TABLE = """
@@ -171,7 +172,6 @@ CREATE TABLE IF NOT EXISTS jobq_tasks (
 );
 """
 )
-_JOB_COLUMNS = "job_id, tenant_id, name, status, priority, next_fire_ms, version, doc"
 
 RUN_COLUMNS = RUN_FIELDS  # the table has a column per field
 # Run columns added after the table's first version, in the order they were added, with their DDL.
@@ -248,7 +248,7 @@ def run_from_row(row: sqlite3.Row) -> Run:
 
 
 def job_from_row(row: sqlite3.Row) -> Job:
-    """The job in `row` (`_JOB_COLUMNS`); a corrupt marker when its document does not decode."""
+    """The job in `row` (`JOB_COLUMNS`); a corrupt marker when its document does not decode."""
     try:
         return Job.model_validate_json(row["doc"])
     except DECODE_ERRORS as exc:
@@ -298,7 +298,7 @@ class SqliteStore:
             if _keyed_by_tenant(conn):
                 return
             conn.execute(_JOBS_TABLE.format(name="jobq_jobs_keyed"))
-            conn.execute(f"INSERT INTO jobq_jobs_keyed ({_JOB_COLUMNS}) SELECT {_JOB_COLUMNS} FROM jobq_jobs")
+            conn.execute(f"INSERT INTO jobq_jobs_keyed ({JOB_COLUMNS}) SELECT {JOB_COLUMNS} FROM jobq_jobs")
             conn.execute("DROP TABLE jobq_jobs")
             conn.execute("ALTER TABLE jobq_jobs_keyed RENAME TO jobq_jobs")
             for statement in _JOBS_INDEXES:
@@ -367,13 +367,13 @@ class SqliteStore:
                 if known["fingerprint"] != idempotency.fingerprint:
                     raise IdempotencyConflict(idempotency.key)
                 original = conn.execute(
-                    f"SELECT {_JOB_COLUMNS} FROM jobq_jobs WHERE tenant_id = ? AND job_id = ?",
+                    f"SELECT {JOB_COLUMNS} FROM jobq_jobs WHERE tenant_id = ? AND job_id = ?",
                     (idempotency.tenant_id, known["job_id"]),
                 ).fetchone()
                 if original is not None:
                     return CreateResult(job_from_row(original), False, known["response"])
         try:
-            conn.execute(f"INSERT INTO jobq_jobs ({_JOB_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", _job_row(job))
+            conn.execute(f"INSERT INTO jobq_jobs ({JOB_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", _job_row(job))
         except sqlite3.IntegrityError:
             raise DuplicateJob(job.job_id) from None
         conn.executemany(_INSERT_RUN.removesuffix(" RETURNING *"), [_run_values(r) for r in runs])
@@ -397,7 +397,7 @@ class SqliteStore:
         with self.db.write() as conn:
             for job, runs in items:
                 created = conn.execute(
-                    f"INSERT OR IGNORE INTO jobq_jobs ({_JOB_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", _job_row(job)
+                    f"INSERT OR IGNORE INTO jobq_jobs ({JOB_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", _job_row(job)
                 )
                 out.append(created.rowcount == 1)
                 if created.rowcount == 1 and runs:
@@ -412,7 +412,7 @@ class SqliteStore:
         for tenant_id, job_ids in by_tenant.items():
             for chunk in _chunks(job_ids):
                 sql = (
-                    f"SELECT {_JOB_COLUMNS} FROM jobq_jobs WHERE tenant_id = ? "
+                    f"SELECT {JOB_COLUMNS} FROM jobq_jobs WHERE tenant_id = ? "
                     f"AND job_id IN ({placeholders(len(chunk))})"
                 )
                 for row in self.db.read(sql, [tenant_id, *chunk]):
@@ -421,41 +421,17 @@ class SqliteStore:
         return found
 
     def list_jobs(self, query: JobQuery) -> Page[Job]:
-        where: list[str] = []
-        params: list[Any] = []
-        past = "<" if query.newest_first else ">"
-        if query.cursor:
-            job_id, tenant = parse_job_cursor(query.cursor)
-            if tenant is None:
-                where.append(f"job_id {past} ?")
-                params.append(job_id)
-            else:
-                where.append(f"(job_id {past} ? OR (job_id = ? AND tenant_id {past} ?))")
-                params.extend([job_id, job_id, tenant])
-        if query.tenant_id is not None:
-            where.append("tenant_id = ?")
-            params.append(query.tenant_id)
-        if query.status is not None:
-            where.append("status = ?")
-            params.append(query.status.value)
-        if query.priority is not None:
-            where.append("priority = ?")
-            params.append(str(query.priority.rank))
-        if query.name_prefix:
-            where.append("substr(name, 1, ?) = ?")
-            params.extend([str(len(query.name_prefix)), query.name_prefix])
-        if query.id_prefix:
-            # A range on the key (BINARY collation: the ids with the prefix sort in [prefix, next)), so
-            # a tenant's declared jobs are an index range, not a scan of the tenant.
-            where.append("job_id >= ? AND substr(job_id, 1, ?) = ?")
-            params.extend([query.id_prefix, str(len(query.id_prefix)), query.id_prefix])
-            if ord(query.id_prefix[-1]) < 0x10FFFF:
-                where.append("job_id < ?")
-                params.append(query.id_prefix[:-1] + chr(ord(query.id_prefix[-1]) + 1))
-        clause = f"WHERE {' AND '.join(where)}" if where else ""
-        order = "job_id DESC, tenant_id DESC" if query.newest_first else "job_id, tenant_id"
-        sql = f"SELECT {_JOB_COLUMNS} FROM jobq_jobs {clause} ORDER BY {order} LIMIT ?"
-        rows = self.db.read(sql, [*params, query.limit + 1])
+        sql, params = job_list_sql(
+            tenant_id=query.tenant_id,
+            status=None if query.status is None else query.status.value,
+            priority_rank=None if query.priority is None else query.priority.rank,
+            name_prefix=query.name_prefix,
+            id_prefix=query.id_prefix,
+            cursor=query.cursor,
+            limit=query.limit,
+            newest_first=query.newest_first,
+        )
+        rows = self.db.read(sql, params)
         jobs = [job_from_row(r) for r in rows[: query.limit]]
         return Page(jobs, job_cursor(jobs[-1]) if len(rows) > query.limit and jobs else None)
 
@@ -504,14 +480,14 @@ class SqliteStore:
         where = "status = 'ACTIVE' AND next_fire_ms IS NOT NULL AND priority = ? AND next_fire_ms <= ?"
         order = " ORDER BY next_fire_ms, job_id, tenant_id LIMIT ?"
         if shards is None:
-            return self.db.read(f"SELECT {_JOB_COLUMNS} FROM jobq_jobs WHERE {where}{order}", (rank, before_ms, limit))
+            return self.db.read(f"SELECT {JOB_COLUMNS} FROM jobq_jobs WHERE {where}{order}", (rank, before_ms, limit))
         rows: list[sqlite3.Row] = []
         page = max(limit, 200)
         after: tuple[int, str, str] | None = None
         while len(rows) < limit:  # pages in index order, keeping the rows of the wanted shards
             more = "" if after is None else " AND (next_fire_ms, job_id, tenant_id) > (?, ?, ?)"
             params = (rank, before_ms, *(after or ()), page)
-            batch = self.db.read(f"SELECT {_JOB_COLUMNS} FROM jobq_jobs WHERE {where}{more}{order}", params)
+            batch = self.db.read(f"SELECT {JOB_COLUMNS} FROM jobq_jobs WHERE {where}{more}{order}", params)
             rows.extend(r for r in batch if job_shard(r["job_id"]) in shards)
             if len(batch) < page:
                 break
