@@ -8,6 +8,12 @@ a lost one means the run moved on and the message is dropped). Only what the sta
 handed to the pool. Once runs have started, a broker error acking or returning the other
 deliveries is logged, never raised: those messages come back after their visibility timeout
 and fail the start compare-and-set then.
+
+A delivery handed over ahead of its due time (the scanner's look-ahead: the envelope carries
+`not_before_ms`) is held here, decoded but not started, with a slot reserved for it, and goes
+through the same start batch once its time has come (`start_due`). Its run stays DISPATCHED
+under the scanner's schedule-to-start lease meanwhile, so a cancel or pause (which fence it off)
+wins over the held delivery, and a worker that dies holding it leaves it to the reaper.
 """
 
 from __future__ import annotations
@@ -65,21 +71,68 @@ class Consumer:
         self.webhook = webhook
         self.on_done = on_done
         self.log = logging.getLogger("jobq.worker")
+        self.waiting: list[_Wanted] = []  # held until their not-before time, earliest first
 
     def take(self, wait_s: float = 0.0) -> int:
-        """Consume up to the free slots' worth of deliveries and start them; the number taken."""
+        """Start the held deliveries whose time has come, then consume up to the free slots' worth
+        of deliveries (waiting no longer than until the next held one is due) and start or hold
+        them; the number of deliveries taken and held ones started."""
+        done = self.start_due()
         free = self.state.free()
         if free <= 0:
-            return 0
+            return done
+        upcoming = self.next_due_ms()
+        if upcoming is not None:
+            wait_s = min(wait_s, max(0.0, (upcoming - self.d.clock.now_ms()) / 1000))
         deliveries = self.d.transport.consume(self.queues, free, wait_s)
         if deliveries:
             self.begin(deliveries)
-        return len(deliveries)
+        return done + len(deliveries) + self.start_due()
+
+    def next_due_ms(self) -> int | None:
+        """When the earliest held delivery may start; None when none is held."""
+        return self.waiting[0].envelope.not_before_ms if self.waiting else None
+
+    def start_due(self) -> int:
+        """Start the held deliveries whose not-before time has come (one start batch); how many.
+        Raises like `begin` (the deliveries are then returned to the broker)."""
+        if not self.waiting:
+            return 0
+        now = self.d.clock.now_ms()
+        due = [w for w in self.waiting if (w.envelope.not_before_ms or 0) <= now]
+        if not due:
+            return 0
+        self.waiting = self.waiting[len(due) :]
+        self.state.unreserve(len(due))
+        self._begin(due, [], [])
+        return len(due)
+
+    def return_held(self) -> int:
+        """Hand every held delivery back to the broker (shutdown): visible again at once, for
+        another worker; how many."""
+        held, self.waiting = self.waiting, []
+        if held:
+            self.state.unreserve(len(held))
+            self._settle(ack=[], nack=[w.delivery for w in held])
+        return len(held)
 
     def begin(self, deliveries: Sequence[Delivery]) -> list[Attempt]:
-        """Start the runs of `deliveries` and hand them to the pool; returns the attempts started.
-        Raises only before anything started (the deliveries are then returned to the broker)."""
+        """Start the runs of `deliveries` and hand them to the pool (holding those handed over
+        ahead of their not-before time); returns the attempts started. Raises only before
+        anything started (the deliveries are then returned to the broker)."""
         wanted, drop, unserved = self._sort(deliveries)
+        now = self.d.clock.now_ms()
+        early = [w for w in wanted if w.envelope.not_before_ms is not None and w.envelope.not_before_ms > now]
+        if early:
+            self._hold(early)
+            wanted = [w for w in wanted if w not in early]
+        return self._begin(wanted, drop, unserved)
+
+    def _hold(self, early: list[_Wanted]) -> None:
+        self.state.reserve(len(early))
+        self.waiting = sorted(self.waiting + early, key=lambda w: w.envelope.not_before_ms or 0)
+
+    def _begin(self, wanted: list[_Wanted], drop: list[Delivery], unserved: list[_Wanted]) -> list[Attempt]:
         retry_later: list[Delivery] = []
         if unserved:
             try:
