@@ -11,6 +11,7 @@ import pytest
 from harness import Harness
 
 from jobq.clock import ManualClock
+from jobq.daemons.worker import Worker
 from jobq.models import JobStatus, Run, RunState
 from jobq.ports import RunQuery
 
@@ -41,6 +42,11 @@ def _one_run(h: Harness, job_id: str) -> Run:
     return run
 
 
+def _held(worker: Worker) -> list[int | None]:
+    """The not-before times of the deliveries `worker` holds."""
+    return [w.envelope.not_before_ms for w in worker.consumer.waiting]
+
+
 def _schedule_in(h: Harness, ms: int) -> tuple[str, int]:
     from jobq.app import Task
 
@@ -60,7 +66,7 @@ def test_a_run_due_within_the_look_ahead_is_handed_over_early_and_starts_exactly
     assert run.state is RunState.DISPATCHED
     worker = h.worker()
     worker.run_once(h.clock.now_ms())
-    assert worker.consumer.next_due_ms() == due_ms, "held, not started"
+    assert _held(worker) == [due_ms], "held, not started"
     assert _one_run(h, job_id).state is RunState.DISPATCHED
     h.clock.set(due_ms - 1)
     worker.run_once(h.clock.now_ms())
@@ -93,14 +99,14 @@ def test_cancel_while_a_run_is_held_wins(h: Harness, executed: list[str]) -> Non
     h.dispatch()
     worker = h.worker()
     worker.run_once(h.clock.now_ms())
-    assert worker.consumer.next_due_ms() == due_ms
+    assert _held(worker) == [due_ms]
     h.client.cancel(job_id)
     h.clock.set(due_ms + 10)
     worker.run_once(h.clock.now_ms())
     assert worker.wait_idle(10)
     assert _one_run(h, job_id).state is RunState.CANCELLED
     assert executed == []
-    assert worker.consumer.next_due_ms() is None
+    assert _held(worker) == []
     assert worker.state.free() == worker.concurrency, "the held slot is free again"
     assert h.d.transport.depth("default") == 0, "the stale delivery was dropped"
 
@@ -129,7 +135,7 @@ def test_a_worker_killed_while_holding_a_run_leaves_it_to_the_reaper_and_it_runs
     h.dispatch()
     doomed = h.worker()
     doomed.run_once(h.clock.now_ms())
-    assert doomed.consumer.next_due_ms() == due_ms
+    assert _held(doomed) == [due_ms]
     h._workers.remove(doomed)  # killed: no shutdown, its delivery stays in flight
     first = _one_run(h, job_id)
     # Past the schedule-to-start lease and the broker's visibility timeout.
@@ -155,7 +161,7 @@ def test_a_worker_shutting_down_hands_its_held_runs_back_for_another_to_start_on
     leaving.shutdown()
     other = h.worker()
     other.run_once(h.clock.now_ms())
-    assert other.consumer.next_due_ms() == due_ms
+    assert _held(other) == [due_ms]
     h.clock.set(due_ms)
     other.run_once(h.clock.now_ms())
     assert other.wait_idle(10)
@@ -181,3 +187,21 @@ def test_a_blocked_recurring_run_claimed_early_is_judged_by_its_overlap_policy_o
     assert [r.state for r in runs[:2]] == [RunState.DISPATCHED, RunState.SCHEDULED], "put back, not skipped"
     assert h.scanner.wait_s(1.0) > 0, "and not claimed again and again until it is due"
     assert handle.job_id == "every5"
+
+
+def test_a_cancel_after_the_held_run_s_job_was_read_ahead_still_wins(h: Harness, executed: list[str]) -> None:
+    job_id, due_ms = _schedule_in(h, 250)
+    h.dispatch()
+    worker = h.worker()
+    worker.run_once(h.clock.now_ms())
+    h.clock.set(due_ms - 10)
+    worker.run_once(h.clock.now_ms())
+    assert _one_run(h, job_id).run_id in worker.consumer.prepared, "its job was read ahead of its start"
+    assert worker.consumer.next_due_ms() == due_ms
+    h.client.cancel(job_id)
+    h.clock.set(due_ms)
+    worker.run_once(h.clock.now_ms())
+    assert worker.wait_idle(10)
+    assert _one_run(h, job_id).state is RunState.CANCELLED
+    assert executed == []
+    assert worker.consumer.prepared == {}

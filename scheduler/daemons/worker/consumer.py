@@ -11,7 +11,8 @@ and fail the start compare-and-set then.
 
 A delivery handed over ahead of its due time (the scanner's look-ahead: the envelope carries
 `not_before_ms`) is held here, decoded but not started, with a slot reserved for it, and goes
-through the same start batch once its time has come (`start_due`). Its run stays DISPATCHED
+through the same start batch once its time has come (`start_due`); its job is read a moment
+before (`PREPARE_AHEAD_MS`), so at the due time only the start write remains. Its run stays DISPATCHED
 under the scanner's schedule-to-start lease meanwhile, so a cancel or pause (which fence it off)
 wins over the held delivery, and a worker that dies holding it leaves it to the reaper.
 """
@@ -36,6 +37,7 @@ from jobq.models import PAUSED, PAUSED_RECHECK_MS, WEBHOOK_TASK, Job, JobStatus,
 from jobq.ports import Delivery, IndexEntry
 from jobq.tasks import TaskContext, TaskDef, TaskRegistry, WebhookCaller
 
+PREPARE_AHEAD_MS = 25  # a held delivery's job is read this long before its not-before time
 UNKNOWN_TASK_HANDOFFS = 5  # other workers may serve it; after this many hand-ons the run fails
 HAND_ON_DELAY_MS = 1_000
 
@@ -72,12 +74,14 @@ class Consumer:
         self.on_done = on_done
         self.log = logging.getLogger("jobq.worker")
         self.waiting: list[_Wanted] = []  # held until their not-before time, earliest first
+        self.prepared: dict[str, Job | None] = {}  # run id -> its job, read ahead for held deliveries
 
     def take(self, wait_s: float = 0.0) -> int:
         """Start the held deliveries whose time has come, then consume up to the free slots' worth
         of deliveries (waiting no longer than until the next held one is due) and start or hold
         them; the number of deliveries taken and held ones started."""
         done = self.start_due()
+        self.prepare_due()
         free = self.state.free()
         if free <= 0:
             return done
@@ -90,8 +94,33 @@ class Consumer:
         return done + len(deliveries) + self.start_due()
 
     def next_due_ms(self) -> int | None:
-        """When the earliest held delivery may start; None when none is held."""
-        return self.waiting[0].envelope.not_before_ms if self.waiting else None
+        """When the loop must come round next for the held deliveries: the earliest one's
+        not-before time, or `PREPARE_AHEAD_MS` before it while its job is still to be read; None
+        when none is held."""
+        if not self.waiting:
+            return None
+        first = self.waiting[0]
+        due = first.envelope.not_before_ms or 0
+        return due if first.envelope.run_id in self.prepared else due - PREPARE_AHEAD_MS
+
+    def prepare_due(self) -> int:
+        """Read the jobs of the held deliveries due within `PREPARE_AHEAD_MS` (one batch read), so
+        their start at the due time is the start write alone. A job read early is safe: a cancel
+        or pause in between fences the run off, and the start write fails. How many were read."""
+        if not self.waiting:
+            return 0
+        soon = self.d.clock.now_ms() + PREPARE_AHEAD_MS
+        todo = [
+            w
+            for w in self.waiting
+            if (w.envelope.not_before_ms or 0) <= soon and w.envelope.run_id not in self.prepared
+        ]
+        if not todo:
+            return 0
+        jobs = self._jobs(todo)
+        for w in todo:
+            self.prepared[w.envelope.run_id] = jobs.get(w.envelope.run_id)
+        return len(todo)
 
     def start_due(self) -> int:
         """Start the held deliveries whose not-before time has come (one start batch); how many.
@@ -104,13 +133,19 @@ class Consumer:
             return 0
         self.waiting = self.waiting[len(due) :]
         self.state.unreserve(len(due))
-        self._begin(due, [], [])
+        jobs = None
+        if all(w.envelope.run_id in self.prepared for w in due):
+            jobs = {w.envelope.run_id: job for w in due if (job := self.prepared[w.envelope.run_id]) is not None}
+        for w in due:
+            self.prepared.pop(w.envelope.run_id, None)
+        self._begin(due, [], [], jobs)
         return len(due)
 
     def return_held(self) -> int:
         """Hand every held delivery back to the broker (shutdown): visible again at once, for
         another worker; how many."""
         held, self.waiting = self.waiting, []
+        self.prepared.clear()
         if held:
             self.state.unreserve(len(held))
             self._settle(ack=[], nack=[w.delivery for w in held])
@@ -132,7 +167,13 @@ class Consumer:
         self.state.reserve(len(early))
         self.waiting = sorted(self.waiting + early, key=lambda w: w.envelope.not_before_ms or 0)
 
-    def _begin(self, wanted: list[_Wanted], drop: list[Delivery], unserved: list[_Wanted]) -> list[Attempt]:
+    def _begin(
+        self,
+        wanted: list[_Wanted],
+        drop: list[Delivery],
+        unserved: list[_Wanted],
+        jobs: dict[str, Job] | None = None,
+    ) -> list[Attempt]:
         retry_later: list[Delivery] = []
         if unserved:
             try:
@@ -145,7 +186,7 @@ class Consumer:
         attempts: list[Attempt] = []
         if wanted:
             try:
-                attempts, ended, again = self._start(wanted)
+                attempts, ended, again = self._start(wanted, jobs if not unserved else None)
             except Exception:
                 self._settle(ack=drop, nack=[w.delivery for w in wanted] + retry_later)
                 raise
@@ -225,12 +266,15 @@ class Consumer:
         failing_ids = {id(w) for w in failing}
         return failing, [w.delivery for w in unserved if id(w) not in failing_ids]
 
-    def _start(self, wanted: list[_Wanted]) -> tuple[list[Attempt], list[Delivery], list[Delivery]]:
+    def _start(
+        self, wanted: list[_Wanted], jobs: dict[str, Job] | None = None
+    ) -> tuple[list[Attempt], list[Delivery], list[Delivery]]:
         """One job read and one transition batch: starts, and the ends of runs whose job is gone,
         cancelled or paused. Returns the attempts started, the deliveries to drop, and those to
         return to the broker (their write did not apply because the batch failed, not because
-        the run moved on)."""
-        jobs = self._jobs(wanted)
+        the run moved on). `jobs`, when given, are the jobs read ahead (`prepare_due`)."""
+        if jobs is None:
+            jobs = self._jobs(wanted)
         now = self.d.clock.now_ms()
         moves: list[Transition] = []
         for w in wanted:
