@@ -63,12 +63,13 @@ def main() -> None:
     parser.add_argument("--stack", choices=STACKS, default="sqlite")
     parser.add_argument("--runs", type=int, default=10_000)
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--lead", type=float, default=15.0, help="seconds between submitting and the due time")
     args = parser.parse_args()
     RESULTS.mkdir(exist_ok=True)
     with stack(args.stack, log_level="WARNING") as urls:
         d = connect(Settings.load(urls, env={}))
         try:
-            result = ProfiledBench(d, concurrency=64, name=args.stack).spike(args.runs, lead_s=15)
+            result = ProfiledBench(d, concurrency=64, name=args.stack).spike(args.runs, lead_s=args.lead)
         finally:
             d.close()
     print(result.name, "dispatch", result.dispatch_lateness_ms, "start", result.start_lateness_ms)

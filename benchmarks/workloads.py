@@ -67,11 +67,12 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--only", choices=["w1", "spike", "priority", "spread"], action="append")
     parser.add_argument("--scale", type=float, default=1.0, help="share of the issue's run counts")
+    parser.add_argument("--lead", type=float, default=15.0, help="seconds between submitting a spike and its due time")
     args = parser.parse_args()
     n = lambda k: max(10, round(k * args.scale))  # noqa: E731
     workloads: dict[str, Callable[[Bench], Result]] = {
         "w1": lambda b: b.instant(n(20_000)),
-        "spike": lambda b: b.spike(n(10_000), lead_s=15),
+        "spike": lambda b: b.spike(n(10_000), lead_s=args.lead),
         "priority": lambda b: b.spike(n(50_000), lead_s=90, critical=100),
         "spread": lambda b: b.spread(n(1_000), over_s=10),
     }
