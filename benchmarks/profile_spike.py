@@ -1,17 +1,17 @@
 """Where a spike's time goes: the W2 spike (10,000 runs due at one instant) with the scanner and
-the worker under cProfile, on a chosen stack.
+the worker under the sampling profiler (`sampler.py`, every thread), on a chosen stack.
 
-    python benchmarks/profile_spike.py --stack sqlite --runs 10000
+    python benchmarks/profile_spike.py --stack sqlite --runs 10000 --lead 45
 
-Writes benchmarks/results/spike-<stack>-<role>.prof (read with `python -m pstats`) and prints the
-top functions of each by own time and by cumulative time, with the spike's lateness.
+Writes benchmarks/results/spike-<stack>-<role>.json and prints, per thread, the share of samples
+it was busy and its top functions, with the spike's lateness.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
-import pstats
 import signal
 import subprocess
 import sys
@@ -42,8 +42,8 @@ class ProfiledBench(Bench):
         env = {**os.environ, **_env(self.d.settings), _LOG_DIR_VARIABLE: str(logs), "JOBQ_LOG_LEVEL": "WARNING"}
 
         def profiled(role: str, *args: str) -> list[str]:
-            out = RESULTS / f"spike-{self.name}-{role}.prof"
-            return [sys.executable, "-m", "cProfile", "-o", str(out), "-m", "jobq.cli", role, *args]
+            out = RESULTS / f"spike-{self.name}-{role}.json"
+            return [sys.executable, str(Path(__file__).resolve().parent / "sampler.py"), str(out), "--", role, *args]
 
         jobq = [sys.executable, "-m", "jobq.cli"]
         commands = [[*jobq, "beat"], profiled("scanner"), [*jobq, "reaper"]]
@@ -74,11 +74,18 @@ def main() -> None:
             d.close()
     print(result.name, "dispatch", result.dispatch_lateness_ms, "start", result.start_lateness_ms)
     for role in ("scanner", "worker"):
-        stats = pstats.Stats(str(RESULTS / f"spike-{args.stack}-{role}.prof"))
-        print(f"\n===== {role}: by own time")
-        stats.sort_stats("tottime").print_stats(args.top)
-        print(f"\n===== {role}: by cumulative time")
-        stats.sort_stats("cumulative").print_stats(args.top)
+        doc = json.loads((RESULTS / f"spike-{args.stack}-{role}.json").read_text())
+        print(f"\n===== {role}: {doc['wall_s']:.1f} s, one sample every {doc['interval_s'] * 1000:g} ms")
+        for name, t in sorted(doc["threads"].items(), key=lambda kv: -kv[1]["busy"]):
+            if not t["busy"]:
+                continue
+            print(f"\n--- thread {name}: busy in {t['busy']} of {t['samples']} samples")
+            print("  by samples anywhere on the stack:")
+            for where, n in t["anywhere"][: args.top]:
+                print(f"    {n:6d} {100 * n / t['busy']:5.1f}%  {where}")
+            print("  by own samples:")
+            for where, n in t["own"][:15]:
+                print(f"    {n:6d} {100 * n / t['busy']:5.1f}%  {where}")
 
 
 if __name__ == "__main__":
