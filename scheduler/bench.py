@@ -273,7 +273,7 @@ class Bench:
         workload measures dispatch and start, not process start-up (seconds on a loaded machine)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            roles = [r.role.value for r in self.d.store.live_daemons(self.d.clock.now_ms())]
+            roles = [r.role.value for r in self.d.registry.live_daemons(self.d.clock.now_ms())]
             if "scanner" in roles and roles.count("worker") >= self.workers:
                 return
             self.progress("starting", 0, 1)
