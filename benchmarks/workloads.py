@@ -74,11 +74,14 @@ def main() -> None:
         help="seconds from the start of submission to the instant W2 priority's runs are due; more than "
         "the submission time plus the horizon (60 s) puts every run beyond the horizon when submitted",
     )
+    parser.add_argument(
+        "--spike-lead", type=float, default=15.0, help="seconds between submitting a spike and its due time"
+    )
     args = parser.parse_args()
     n = lambda k: max(10, round(k * args.scale))  # noqa: E731
     workloads: dict[str, Callable[[Bench], Result]] = {
         "w1": lambda b: b.instant(n(20_000)),
-        "spike": lambda b: b.spike(n(10_000), lead_s=15),
+        "spike": lambda b: b.spike(n(10_000), lead_s=args.spike_lead),
         "priority": lambda b: b.spike(n(50_000), lead_s=args.lead, critical=100),
         "spread": lambda b: b.spread(n(1_000), over_s=10),
     }

@@ -185,6 +185,7 @@ class Bench:
         """W2: `n` runs due at the same instant (LOW when `critical` CRITICAL runs join them);
         lateness of dispatch and start, measured against the due time."""
         with self._daemons() as executed:
+            self._ready()
             due_ms = self.d.clock.now_ms() + round(lead_s * 1000)
             low = Priority.LOW if critical else Priority.DEFAULT
             specs = [self._spec("ONE_OFF", run_at=due_ms, priority=low) for _ in range(n)]
@@ -207,6 +208,7 @@ class Bench:
     def spread(self, n: int = 1_000, *, over_s: float = 10.0, lead_s: float = 3.0) -> Result:
         """W2 spread: `n` runs due uniformly over `over_s` seconds."""
         with self._daemons() as executed:
+            self._ready()
             start_ms = self.d.clock.now_ms() + round(lead_s * 1000)
             step_ms = over_s * 1000 / n
             specs = [self._spec("ONE_OFF", run_at=start_ms + round(i * step_ms)) for i in range(n)]
@@ -265,6 +267,18 @@ class Bench:
                     p.wait(timeout=60)
                 except subprocess.TimeoutExpired:
                     p.kill()
+
+    def _ready(self, timeout_s: float = 120.0) -> None:
+        """Until the scanner and every worker are up (in the daemon registry), so that a lateness
+        workload measures dispatch and start, not process start-up (seconds on a loaded machine)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            roles = [r.role.value for r in self.d.registry.live_daemons(self.d.clock.now_ms())]
+            if "scanner" in roles and roles.count("worker") >= self.workers:
+                return
+            self.progress("starting", 0, 1)
+            time.sleep(0.1)
+        raise TimeoutError(f"the daemons were not all up within {timeout_s} s")
 
     def _wait(self, logs: Path, n: int, phase: str, timeout_s: float = 900.0) -> None:
         deadline = time.monotonic() + timeout_s

@@ -1,11 +1,15 @@
 """The wire envelope: the only place that knows what a transport message holds.
 
     {"v": 1, "run_id", "job_id", "tenant_id"?, "fence", "task", "priority", "attempt", "last"?, "payload"?,
-     "trace"?}
+     "trace"?, "not_before_ms"?}
 
 `last` marks the run of a one-off or immediate job: its final outcome also completes the job.
 `tenant_id` is the tenant of the job (job ids are per tenant); absent for the tenant `default`, so
 messages of that tenant are what they were before job ids were scoped by tenant.
+
+`not_before_ms` is set on a run handed over ahead of its due time (the scanner's look-ahead): the
+worker holds the delivery and starts the run no earlier than that instant. A worker of a version
+that does not know the field starts it at once, up to `dispatch_lookahead_s` early.
 
 The payload travels inline when it is small; otherwise the worker reads it from the store.
 """
@@ -40,6 +44,7 @@ class Envelope:
     trace: str | None = None
     last: bool = False
     tenant_id: str = DEFAULT_TENANT
+    not_before_ms: int | None = None  # handed over early: start no earlier than this
 
     @property
     def payload_inline(self) -> bool:
@@ -50,9 +55,10 @@ class Envelope:
         return JobKey(self.tenant_id, self.job_id)
 
 
-def envelope_for(run: Run, job: Job, trace: str | None = None) -> Envelope:
+def envelope_for(run: Run, job: Job, trace: str | None = None, not_before_ms: int | None = None) -> Envelope:
     """The message that dispatches `run` (of `job`) at its current fence and attempt; `trace` is the
-    traceparent the worker's spans continue (the dispatch span's)."""
+    traceparent the worker's spans continue (the dispatch span's); `not_before_ms`, for a run
+    dispatched ahead of its due time, the instant before which it must not start."""
     return Envelope(
         run.run_id,
         run.job_id,
@@ -64,6 +70,7 @@ def envelope_for(run: Run, job: Job, trace: str | None = None) -> Envelope:
         trace=trace,
         last=job.completed_by(run.nominal_ms),
         tenant_id=run.tenant_id,
+        not_before_ms=not_before_ms,
     )
 
 
@@ -83,6 +90,8 @@ def encode(envelope: Envelope) -> bytes:
         doc["trace"] = envelope.trace
     if envelope.last:
         doc["last"] = True
+    if envelope.not_before_ms is not None:
+        doc["not_before_ms"] = envelope.not_before_ms
     if envelope.payload is not _MISSING:
         payload = json.dumps(envelope.payload, separators=(",", ":"))
         if len(payload) <= INLINE_PAYLOAD_MAX_BYTES:
@@ -106,6 +115,7 @@ def decode(body: bytes) -> Envelope:
             trace=doc.get("trace"),
             last=bool(doc.get("last", False)),
             tenant_id=str(doc.get("tenant_id", DEFAULT_TENANT)),
+            not_before_ms=None if doc.get("not_before_ms") is None else int(doc["not_before_ms"]),
         )
     except UndecodableMessage:
         raise

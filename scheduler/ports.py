@@ -197,10 +197,13 @@ class JobStore(Protocol):
         """How many of the job's runs are in each state (states with none are omitted)."""
         ...
 
-    def claim(self, run_ids: Sequence[str], now_ms: int, owner: str, lease_ms: int) -> list[Run]:
-        """Atomically, per run: if SCHEDULED and `due_ms <= now_ms`, move it to CLAIMED with fence+1
-        and a lease for `owner`. Returns the runs this call claimed; the others were taken,
-        cancelled or not yet due. Safe to call from many scanners at once."""
+    def claim(
+        self, run_ids: Sequence[str], now_ms: int, owner: str, lease_ms: int, *, due_by_ms: int | None = None
+    ) -> list[Run]:
+        """Atomically, per run: if SCHEDULED and due by `due_by_ms` (default `now_ms`; the scanner's
+        look-ahead claims ahead of now), move it to CLAIMED with fence+1 and a lease for `owner`
+        from `now_ms`. Returns the runs this call claimed; the others were taken, cancelled or not
+        yet due. Safe to call from many scanners at once."""
         ...
 
     def transition(self, transitions: Sequence[Transition]) -> list[Run | None]:
@@ -349,8 +352,12 @@ class ClaimingIndex(Protocol):
     """Optional: an index that is a view of the store can find and claim due runs in one step
     (one SQL statement), saving the scanner a round trip. The scanner uses it when present."""
 
-    def claim_runs(self, now_ms: int, limit: int, owner: str, lease_ms: int) -> list[Run]:
-        """Like `JobStore.claim(index.claim_due(now_ms, limit), ...)`, atomically: CRITICAL first."""
+    def claim_runs(
+        self, now_ms: int, limit: int, owner: str, lease_ms: int, *, due_by_ms: int | None = None
+    ) -> list[Run]:
+        """Like `JobStore.claim(index.claim_due(due_by_ms or now_ms, limit), now_ms, ...)`, atomically:
+        CRITICAL first. `due_by_ms` (the scanner's look-ahead) may lie ahead of `now_ms`, which
+        stamps the claim and starts its lease."""
         ...
 
 

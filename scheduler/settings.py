@@ -35,6 +35,9 @@ class Settings(BaseModel):
     repair_interval_s: float = Field(default=5.0, gt=0)
     scan_interval_s: float = Field(default=0.25, gt=0)
     scan_batch: int = Field(default=500, ge=1, le=5000)
+    dispatch_lookahead_s: float = Field(
+        default=0.3, ge=0, le=2.0, description="runs due this soon are claimed and handed to a worker, held until due"
+    )
     claim_lease_s: float = Field(default=10.0, gt=0)
     schedule_to_start_s: float = Field(default=300.0, gt=0)
     lease_s: float = Field(default=30.0, gt=0)

@@ -683,3 +683,18 @@ def test_the_index_works_over_tls(redis_tls: str) -> None:
         assert index.claim_due(T0 + 1, 10) == ["job_x:2", "job_x:1"]
     finally:
         index.close()
+
+
+def test_a_look_ahead_claim_reaches_into_the_next_minute_s_bucket(make_index: Callable[..., RedisTimeIndex]) -> None:
+    """The scanner's look-ahead claims `claim_due(now + lookahead)`: a run due just after the
+    minute boundary, in the next bucket, is found before its minute has begun."""
+    index = make_index()
+    minute_end = (wall_ms() // 60_000 + 2) * 60_000  # a boundary ahead of the wall clock
+    index.add(
+        [
+            IndexEntry("job_a:1", minute_end + 100, Priority.DEFAULT),
+            IndexEntry("job_b:1", minute_end + 900, Priority.DEFAULT),
+        ]
+    )
+    assert index.claim_due(minute_end - 200, 10) == []
+    assert index.claim_due(minute_end + 150, 10) == ["job_a:1"]

@@ -7,6 +7,14 @@ Publishing happens before the DISPATCHED write; a worker that is faster than tha
 start a CLAIMED run, and the scanner's CAS then simply loses. A claimed run whose record does not
 decode, or whose job's does not (or whose job is quarantined), is dead-lettered as Corrupt and the
 pass goes on with the others (`jobq.daemons.quarantine`).
+
+Look-ahead: a pass claims the runs due within the next `dispatch_lookahead_s` too, and publishes
+those not yet due with their due time as not-before; the worker holds such a delivery and starts
+it no earlier than that (`jobq.daemons.worker.consumer`). Such a run is claimed, fenced and leased
+like any other, so cancel, pause and the reaper treat it as any dispatched run. Only the overlap
+policies of recurring jobs depend on the instant they are judged at: a run claimed early whose
+previous run is still open goes back to SCHEDULED untouched and is judged once due, as without
+look-ahead; until then the claims of this scanner look no further ahead than it.
 """
 
 from __future__ import annotations
@@ -104,6 +112,8 @@ class Scanner(Daemon):
         self.threshold_ms = round(self.settings.misfire_threshold_s * 1000)
         self._full = False
         self.quarantine = Quarantine(deployment, self.log)
+        self.lookahead_ms = round(self.settings.dispatch_lookahead_s * 1000)
+        self._deferred: dict[str, int] = {}  # run id -> due: claimed early, blocked, put back until due
 
     def busy(self, done: int) -> bool:
         return self._full
@@ -123,18 +133,32 @@ class Scanner(Daemon):
         upcoming = self.index.next_due_ms()
         if upcoming is None:
             return default_s
-        return max(0.0, min(default_s, (upcoming - self.clock.now_ms()) / 1000))
+        now_ms = self.clock.now_ms()
+        wake_ms = upcoming - self.lookahead_ms
+        if wake_ms <= now_ms and self._deferred:
+            wake_ms = self._due_by(now_ms) + 1  # what is due before then was claimed already
+        return max(0.0, min(default_s, (wake_ms - now_ms) / 1000))
+
+    def _due_by(self, now_ms: int) -> int:
+        """How far ahead this pass claims: the look-ahead, short of any run put back for its overlap
+        policy to be judged when it is due (claiming it again and again until then would spin)."""
+        self._deferred = {run_id: due for run_id, due in self._deferred.items() if due > now_ms}
+        due_by = now_ms + self.lookahead_ms
+        if self._deferred:
+            due_by = max(now_ms, min(due_by, min(self._deferred.values()) - 1))
+        return due_by
 
     def run_once(self, now_ms: int) -> int:
         lease_ms = round(self.settings.claim_lease_s * 1000)
         index = self.index
+        due_by = self._due_by(now_ms)
         if isinstance(index, ClaimingIndex):
-            claimed = index.claim_runs(now_ms, self.batch, self.scanner_id, lease_ms)
+            claimed = index.claim_runs(now_ms, self.batch, self.scanner_id, lease_ms, due_by_ms=due_by)
             self._full = len(claimed) == self.batch
         else:
-            ids = index.claim_due(now_ms, self.batch)
+            ids = index.claim_due(due_by, self.batch)
             self._full = len(ids) == self.batch
-            claimed = self.store.claim(ids, now_ms, self.scanner_id, lease_ms) if ids else []
+            claimed = self.store.claim(ids, now_ms, self.scanner_id, lease_ms, due_by_ms=due_by) if ids else []
         self._resize()
         if not claimed:
             return 0
@@ -207,6 +231,12 @@ class Scanner(Daemon):
             job = jobs[run.job_key]
             watched = job.recurring and job.overlap_policy is not OverlapPolicy.ALLOW_ALL
             prev = _blocker(run, known) if watched else None
+            if prev is not None and run.due_ms > now_ms:
+                # Claimed early: its predecessor may yet finish before it is due. Judge it then.
+                plan.wait(run, run.due_ms, now_ms)
+                self._deferred[run.run_id] = run.due_ms
+                known[run.run_id] = run.model_copy(update={"state": RunState.SCHEDULED})
+                continue
             if prev is None:
                 dispatching[run.run_id] = (run, job)
                 known[run.run_id] = run.model_copy(update={"state": RunState.DISPATCHED})
@@ -336,7 +366,9 @@ class Scanner(Daemon):
             return
         by_queue: dict[str, list[bytes]] = defaultdict(list)
         for run, job in ready:
-            by_queue[run.priority.queue].append(encode(envelope_for(run, job, trace=dispatch_trace(run, now_ms))))
+            not_before = run.due_ms if run.due_ms > now_ms else None
+            trace = dispatch_trace(run, now_ms)
+            by_queue[run.priority.queue].append(encode(envelope_for(run, job, trace=trace, not_before_ms=not_before)))
         published: list[Run] = []
         try:
             for run_queue in sorted(by_queue, key=lambda q: _QUEUE_ORDER.get(q, 9)):

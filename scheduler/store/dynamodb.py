@@ -422,7 +422,9 @@ class DynamoStore:
                 counts[state] = counts.get(state, 0) + 1
         return counts
 
-    def claim(self, run_ids: Sequence[str], now_ms: int, owner: str, lease_ms: int) -> list[Run]:
+    def claim(
+        self, run_ids: Sequence[str], now_ms: int, owner: str, lease_ms: int, *, due_by_ms: int | None = None
+    ) -> list[Run]:
         """A conditional UpdateItem per run (``state = SCHEDULED AND due_ms <= now``, fence+1),
         concurrently; a failed condition means taken, cancelled, not due or missing."""
         expires = now_ms + lease_ms
@@ -441,7 +443,7 @@ class DynamoStore:
             e.set("GSI1PK", as_s(f"{RunState.CLAIMED.value}#{shard_of(run_id)}"))
             e.set("GSI1SK", as_n(expires))
             e.when("state", "=", as_s(RunState.SCHEDULED.value))
-            e.when("due_ms", "<=", as_n(now_ms))
+            e.when("due_ms", "<=", as_n(now_ms if due_by_ms is None else due_by_ms))
             try:
                 response = self.table.call(
                     "update_item", **e.update(TableName=self.table.name, Key=key, ReturnValues="ALL_NEW")

@@ -257,12 +257,15 @@ class MemoryStore:
                     counts[run.state] = counts.get(run.state, 0) + 1
         return counts
 
-    def claim(self, run_ids: Sequence[str], now_ms: int, owner: str, lease_ms: int) -> list[Run]:
+    def claim(
+        self, run_ids: Sequence[str], now_ms: int, owner: str, lease_ms: int, *, due_by_ms: int | None = None
+    ) -> list[Run]:
         claimed = []
+        due_by = now_ms if due_by_ms is None else due_by_ms
         with self._lock:
             for run_id in run_ids:
                 run = self._runs.get(run_id)
-                if run is None or run.state is not RunState.SCHEDULED or run.due_ms > now_ms:
+                if run is None or run.state is not RunState.SCHEDULED or run.due_ms > due_by:
                     continue
                 new = run.model_copy(
                     update={

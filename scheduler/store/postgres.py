@@ -149,7 +149,7 @@ _TAKE_KEY = _REPLACE_KEY + " WHERE i.expires_ms <= EXCLUDED.created_ms RETURNING
 _CLAIM = (
     "UPDATE {runs} SET state = 'CLAIMED', fence = fence + 1, version = version + 1, "
     "lease_owner = %(owner)s, lease_expires_ms = %(expires)s, updated_ms = %(now)s "
-    "WHERE run_id = ANY(%(ids)b::text[]) AND state = 'SCHEDULED' AND due_ms <= %(now)s RETURNING {cols}"
+    "WHERE run_id = ANY(%(ids)b::text[]) AND state = 'SCHEDULED' AND due_ms <= %(due_by)s RETURNING {cols}"
 )
 # Due runs, CRITICAL first: one tight range scan of jobq_runs_due per tier (priority = k AND
 # due_ms <= now), in tier order, stopping at the limit. A single `ORDER BY priority, due_ms` over
@@ -165,7 +165,7 @@ _OVERDUE = (
 # an array so that the plan is an index lookup whatever the statistics say.
 _CLAIM_DUE = (
     "WITH due AS (SELECT d.run_id FROM " + _TIERS + " CROSS JOIN LATERAL ("
-    "SELECT run_id FROM {runs} WHERE state = 'SCHEDULED' AND priority = tier.rank AND due_ms <= %(now)s "
+    "SELECT run_id FROM {runs} WHERE state = 'SCHEDULED' AND priority = tier.rank AND due_ms <= %(due_by)s "
     "ORDER BY due_ms, run_id LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS d LIMIT %(limit)s) "
     "UPDATE {runs} SET state = 'CLAIMED', fence = fence + 1, version = version + 1, "
     "lease_owner = %(owner)s, lease_expires_ms = %(expires)s, updated_ms = %(now)s "
@@ -641,23 +641,35 @@ class PostgresStore:
         )
         return {RunState(r["state"]): int(r["n"]) for r in rows}
 
-    def claim(self, run_ids: Sequence[str], now_ms: int, owner: str, lease_ms: int) -> list[Run]:
+    def claim(
+        self, run_ids: Sequence[str], now_ms: int, owner: str, lease_ms: int, *, due_by_ms: int | None = None
+    ) -> list[Run]:
         """One conditional UPDATE for all ids. A row another claimer holds is waited for, then
         re-checked (READ COMMITTED): it is claimed here only if still SCHEDULED and due."""
         if not run_ids:
             return []
-        params = {"ids": list(set(run_ids)), "now": now_ms, "owner": owner, "expires": now_ms + lease_ms}
+        due_by = now_ms if due_by_ms is None else due_by_ms
+        params = {
+            "ids": list(set(run_ids)),
+            "now": now_ms,
+            "due_by": due_by,
+            "owner": owner,
+            "expires": now_ms + lease_ms,
+        }
         db = self.db
         rows = db.run(lambda conn: conn.execute(db.sql(_CLAIM), params).fetchall())
         return _in_order([run_from_row(r) for r in rows])
 
-    def claim_due(self, now_ms: int, limit: int, owner: str, lease_ms: int) -> list[Run]:
-        """Find and claim up to `limit` due runs in one statement, CRITICAL first, then by due
-        time. Rows locked by a concurrent claim are skipped, never waited for, so scanners
-        running at once never block each other and never claim the same run."""
+    def claim_due(
+        self, now_ms: int, limit: int, owner: str, lease_ms: int, *, due_by_ms: int | None = None
+    ) -> list[Run]:
+        """Find and claim up to `limit` runs due by `due_by_ms` (default `now_ms`) in one statement,
+        CRITICAL first, then by due time. Rows locked by a concurrent claim are skipped, never
+        waited for, so scanners running at once never block each other and never claim the same run."""
         if limit <= 0:
             return []
-        params = {"now": now_ms, "limit": limit, "owner": owner, "expires": now_ms + lease_ms}
+        due_by = now_ms if due_by_ms is None else due_by_ms
+        params = {"now": now_ms, "due_by": due_by, "limit": limit, "owner": owner, "expires": now_ms + lease_ms}
         db = self.db
         rows = db.run(lambda conn: conn.execute(db.sql(_CLAIM_DUE), params).fetchall())
         return _in_order([run_from_row(r) for r in rows])
@@ -674,7 +686,7 @@ class PostgresStore:
     def explain_claim_due(self, now_ms: int, limit: int, *, analyze: bool = False) -> str:
         """The plan of `claim_due` (for operators and tests). With `analyze` the claim really
         runs, inside a transaction that is rolled back."""
-        params = {"now": now_ms, "limit": limit, "owner": "explain", "expires": now_ms}
+        params = {"now": now_ms, "due_by": now_ms, "limit": limit, "owner": "explain", "expires": now_ms}
         options = "ANALYZE, BUFFERS, COSTS OFF" if analyze else "COSTS OFF"
         sql = self.db.sql(f"EXPLAIN ({options}) {_CLAIM_DUE}")
         with self.db.connection() as conn, conn.transaction(force_rollback=True):

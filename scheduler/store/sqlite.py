@@ -569,7 +569,9 @@ class SqliteStore:
                 counts[RunState(state)] = n
         return counts
 
-    def claim(self, run_ids: Sequence[str], now_ms: int, owner: str, lease_ms: int) -> list[Run]:
+    def claim(
+        self, run_ids: Sequence[str], now_ms: int, owner: str, lease_ms: int, *, due_by_ms: int | None = None
+    ) -> list[Run]:
         claimed: list[Run] = []
         if not run_ids:
             return claimed
@@ -580,14 +582,18 @@ class SqliteStore:
                     "lease_owner = ?, lease_expires_ms = ?, updated_ms = ? "
                     f"WHERE run_id IN ({placeholders(len(chunk))}) AND state = 'SCHEDULED' AND due_ms <= ? "
                     "RETURNING *",
-                    (owner, now_ms + lease_ms, now_ms, *chunk, now_ms),
+                    (owner, now_ms + lease_ms, now_ms, *chunk, now_ms if due_by_ms is None else due_by_ms),
                 ).fetchall()
                 claimed.extend(run_from_row(r) for r in rows)
         claimed.sort(key=lambda r: (r.priority.rank, r.due_ms))
         return claimed
 
-    def claim_due(self, now_ms: int, limit: int, owner: str, lease_ms: int) -> list[Run]:
-        """Find and claim due runs in one transaction, CRITICAL first: one indexed UPDATE per tier."""
+    def claim_due(
+        self, now_ms: int, limit: int, owner: str, lease_ms: int, *, due_by_ms: int | None = None
+    ) -> list[Run]:
+        """Find and claim runs due by `due_by_ms` (default `now_ms`) in one transaction, CRITICAL
+        first: one indexed UPDATE per tier."""
+        due_by = now_ms if due_by_ms is None else due_by_ms
         claimed: list[Run] = []
         with self.db.write() as conn:
             for priority in PRIORITIES_BY_RANK:
@@ -598,7 +604,7 @@ class SqliteStore:
                     "lease_owner = ?, lease_expires_ms = ?, updated_ms = ? WHERE run_id IN ("
                     "SELECT run_id FROM jobq_runs WHERE state = 'SCHEDULED' AND priority = ? AND due_ms <= ? "
                     "ORDER BY due_ms, run_id LIMIT ?) RETURNING *",
-                    (owner, now_ms + lease_ms, now_ms, priority.rank, now_ms, limit - len(claimed)),
+                    (owner, now_ms + lease_ms, now_ms, priority.rank, due_by, limit - len(claimed)),
                 ).fetchall()
                 claimed.extend(sorted((run_from_row(r) for r in rows), key=lambda r: (r.due_ms, r.run_id)))
         return claimed

@@ -26,8 +26,10 @@ class SqliteTimeIndex:
     def claim_due(self, now_ms: int, limit: int) -> list[str]:
         return [r["run_id"] for r in self.store.overdue_rows("run_id", now_ms, limit)]
 
-    def claim_runs(self, now_ms: int, limit: int, owner: str, lease_ms: int) -> list[Run]:
-        return self.store.claim_due(now_ms, limit, owner, lease_ms)
+    def claim_runs(
+        self, now_ms: int, limit: int, owner: str, lease_ms: int, *, due_by_ms: int | None = None
+    ) -> list[Run]:
+        return self.store.claim_due(now_ms, limit, owner, lease_ms, due_by_ms=due_by_ms)
 
     def discard(self, run_ids: Sequence[str]) -> None:
         pass

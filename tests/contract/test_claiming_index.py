@@ -59,6 +59,19 @@ def test_claim_runs_takes_due_runs_critical_first_and_bumps_fences(pair: tuple[J
     assert index.claim_runs(T0, 10, "s1", 5000) == []
 
 
+def test_claim_runs_looks_ahead_to_due_by_with_its_lease_from_now(pair: tuple[JobStore, ClaimingIndex]) -> None:
+    store, index = pair
+    store.add_runs([make_run("job_soon", T0 + 200), make_run("job_later", T0 + 400)])
+    assert index.claim_runs(T0, 10, "s1", 5000) == []
+    [run] = index.claim_runs(T0, 10, "s1", 5000, due_by_ms=T0 + 300)
+    assert (run.job_id, run.state, run.lease_expires_ms, run.updated_ms) == (
+        "job_soon",
+        RunState.CLAIMED,
+        T0 + 5000,
+        T0,
+    )
+
+
 def test_concurrent_claimers_take_each_due_run_once(pair: tuple[JobStore, ClaimingIndex]) -> None:
     store, index = pair
     store.add_runs([make_run("job_1", T0 + i) for i in range(300)])

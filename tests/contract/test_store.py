@@ -274,6 +274,13 @@ class TestRuns:
         assert (run.state, run.fence, run.lease_owner, run.lease_expires_ms) == (S.CLAIMED, 1, "scanner-1", T0 + 5000)
         assert run.version == 1
 
+    def test_claim_looks_ahead_to_due_by_with_its_lease_from_now(self, store: JobStore) -> None:
+        store.add_runs([make_run("job_1", T0 + 200), make_run("job_2", T0 + 400)])
+        ids = [f"job_1:{T0 + 200}", f"job_2:{T0 + 400}"]
+        assert store.claim(ids, T0, "scanner-1", 5000) == [], "not due yet"
+        claimed = store.claim(ids, T0, "scanner-1", 5000, due_by_ms=T0 + 300)
+        assert [(r.run_id, r.lease_expires_ms) for r in claimed] == [(f"job_1:{T0 + 200}", T0 + 5000)]
+
     def test_a_run_is_claimed_once(self, store: JobStore) -> None:
         store.add_runs([make_run("job_1")])
         assert len(store.claim([f"job_1:{T0}"], T0, "a", 5000)) == 1

@@ -135,3 +135,33 @@ def test_a_start_whose_outcome_is_unknown_runs_once_at_attempt_1_when_the_store_
     assert world.violations == []
     runs = world.raw.store.list_runs(RunQuery(job=JobKey("default", job_id), limit=10)).items
     assert [(r.state, r.attempt) for r in runs] == [(RunState.SUCCEEDED, 1)]
+
+
+def test_a_cancel_while_a_worker_holds_a_run_handed_over_early_wins(world: World) -> None:
+    job_id = _task(world).schedule(delay_s=0.5, job_id="h1").job_id  # type: ignore[attr-defined]
+    _pass(world, "scanner0")  # due within the look-ahead: claimed and handed over before its time
+    assert _runs(world, job_id)[0][0] is RunState.DISPATCHED
+    _pass(world, "w0.take")
+    worker = world.workers[0].worker
+    assert worker is not None and len(worker.consumer.waiting) == 1, "held until its due time"
+    _client(world, "cancel", job_id)
+    world.actors["client0"].finish()
+    world.clock.advance(s=1)
+    _pass(world, "w0.take")  # its time has come: the start write meets the cancel's fence
+    assert _runs(world, job_id)[0][0] is RunState.CANCELLED
+    assert world.executions == [] and world.workers[0].pool.pending == []  # type: ignore[union-attr]
+    settle(world)
+    assert world.violations == []
+
+
+def test_a_worker_that_crashes_holding_a_run_handed_over_early_leaves_it_to_run_once(world: World) -> None:
+    job_id = _task(world).schedule(delay_s=0.5, job_id="h2").job_id  # type: ignore[attr-defined]
+    _pass(world, "scanner0")
+    _pass(world, "w0.take")
+    world.crash("w0")  # the held delivery dies with it; the run stays DISPATCHED under its lease
+    world.clock.advance(s=1)  # past its due time, so settling waits for it to finish
+    settle(world)
+    assert world.violations == []
+    [run_id] = {e.run_id for e in world.executions}
+    assert len(world.executions_of(run_id)) == 1
+    assert [s for s, _ in _runs(world, job_id)] == [RunState.SUCCEEDED]

@@ -53,6 +53,7 @@ SETTINGS: dict[str, Any] = {
     # hold its turn while the leader waits for one. Each submission is its own transaction here
     # (create_job, faults and all); the group path has tests of its own (test_group_commit.py).
     "group_commit": False,
+    "dispatch_lookahead_s": 1,  # runs handed over early and held by workers: cancel, pause and crashes meet them
 }
 BEATS, SCANNERS, WORKERS, CLIENTS = 2, 2, 3, 2
 WORKER_PARTS = ("take", "complete", "monitor")
@@ -297,6 +298,8 @@ class World:
         if went_on and new.job_id in self.cancel_returned:  # from then on, its runs only ever end CANCELLED
             self.violate(f"a run went on after cancel returned (step {self.cancel_returned[new.job_id]}): {where}")
         started = new.state is RunState.RUNNING and old.state is not RunState.RUNNING
+        if started and new.started_ms is not None and new.started_ms < new.due_ms:
+            self.violate(f"a run started before it was due ({new.due_ms - new.started_ms} ms early): {where}")
         if started and new.job_id in self.pause_returned:
             self.violate(f"a run started after pause returned (step {self.pause_returned[new.job_id]}): {where}")
 

@@ -8,6 +8,13 @@ a lost one means the run moved on and the message is dropped). Only what the sta
 handed to the pool. Once runs have started, a broker error acking or returning the other
 deliveries is logged, never raised: those messages come back after their visibility timeout
 and fail the start compare-and-set then.
+
+A delivery handed over ahead of its due time (the scanner's look-ahead: the envelope carries
+`not_before_ms`) is held here, decoded but not started, with a slot reserved for it, and goes
+through the same start batch once its time has come (`start_due`); its job is read a moment
+before (`PREPARE_AHEAD_MS`), so at the due time only the start write remains. Its run stays DISPATCHED
+under the scanner's schedule-to-start lease meanwhile, so a cancel or pause (which fence it off)
+wins over the held delivery, and a worker that dies holding it leaves it to the reaper.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from jobq.models import PAUSED, PAUSED_RECHECK_MS, WEBHOOK_TASK, Job, JobStatus,
 from jobq.ports import Delivery, IndexEntry
 from jobq.tasks import TaskContext, TaskDef, TaskRegistry, WebhookCaller
 
+PREPARE_AHEAD_MS = 25  # a held delivery's job is read this long before its not-before time
 UNKNOWN_TASK_HANDOFFS = 5  # other workers may serve it; after this many hand-ons the run fails
 HAND_ON_DELAY_MS = 1_000
 
@@ -75,23 +83,110 @@ class Consumer:
         self.on_done = on_done
         self.log = logging.getLogger("jobq.worker")
         self._doubtful: list[_Doubtful] = []
+        self.waiting: list[_Wanted] = []  # held until their not-before time, earliest first
+        self.prepared: dict[str, Job | None] = {}  # run id -> its job, read ahead for held deliveries
 
     def take(self, wait_s: float = 0.0) -> int:
-        """Consume up to the free slots' worth of deliveries and start them; the number taken."""
+        """Start the held deliveries whose time has come, then consume up to the free slots' worth
+        of deliveries (waiting no longer than until the next held one is due) and start or hold
+        them; the number of deliveries taken and held ones started. Nothing while the outcome of
+        an earlier start batch is unknown and the store still does not answer."""
         if self._doubtful and not self._resolve():
             return 0  # the store is still away: nothing new could start either
+        done = self.start_due()
+        self.prepare_due()
         free = self.state.free()
         if free <= 0:
-            return 0
+            return done
+        upcoming = self.next_due_ms()
+        if upcoming is not None:
+            wait_s = min(wait_s, max(0.0, (upcoming - self.d.clock.now_ms()) / 1000))
         deliveries = self.d.transport.consume(self.queues, free, wait_s)
         if deliveries:
             self.begin(deliveries)
-        return len(deliveries)
+        return done + len(deliveries) + self.start_due()
+
+    def next_due_ms(self) -> int | None:
+        """When the loop must come round next for the held deliveries: the earliest one's
+        not-before time, or `PREPARE_AHEAD_MS` before it while its job is still to be read; None
+        when none is held."""
+        if not self.waiting:
+            return None
+        first = self.waiting[0]
+        due = first.envelope.not_before_ms or 0
+        return due if first.envelope.run_id in self.prepared else due - PREPARE_AHEAD_MS
+
+    def prepare_due(self) -> int:
+        """Read the jobs of the held deliveries due within `PREPARE_AHEAD_MS` (one batch read), so
+        their start at the due time is the start write alone. A job read early is safe: a cancel
+        or pause in between fences the run off, and the start write fails. How many were read."""
+        if not self.waiting:
+            return 0
+        soon = self.d.clock.now_ms() + PREPARE_AHEAD_MS
+        todo = [
+            w
+            for w in self.waiting
+            if (w.envelope.not_before_ms or 0) <= soon and w.envelope.run_id not in self.prepared
+        ]
+        if not todo:
+            return 0
+        jobs = self._jobs(todo)
+        for w in todo:
+            self.prepared[w.envelope.run_id] = jobs.get(w.envelope.run_id)
+        return len(todo)
+
+    def start_due(self) -> int:
+        """Start the held deliveries whose not-before time has come (one start batch); how many.
+        Raises like `begin` (the deliveries are then returned to the broker)."""
+        if not self.waiting:
+            return 0
+        now = self.d.clock.now_ms()
+        due = [w for w in self.waiting if (w.envelope.not_before_ms or 0) <= now]
+        if not due:
+            return 0
+        self.waiting = self.waiting[len(due) :]
+        self.state.unreserve(len(due))
+        jobs = None
+        if all(w.envelope.run_id in self.prepared for w in due):
+            jobs = {w.envelope.run_id: job for w in due if (job := self.prepared[w.envelope.run_id]) is not None}
+        for w in due:
+            self.prepared.pop(w.envelope.run_id, None)
+        self._begin(due, [], [], jobs)
+        return len(due)
+
+    def return_held(self) -> int:
+        """Hand every held delivery back to the broker (shutdown): visible again at once, for
+        another worker; how many."""
+        held, self.waiting = self.waiting, []
+        self.prepared.clear()
+        if held:
+            self.state.unreserve(len(held))
+            self._settle(ack=[], nack=[w.delivery for w in held])
+        return len(held)
 
     def begin(self, deliveries: Sequence[Delivery]) -> list[Attempt]:
-        """Start the runs of `deliveries` and hand them to the pool; returns the attempts started.
-        Raises only before anything started (the deliveries are then returned to the broker)."""
+        """Start the runs of `deliveries` and hand them to the pool (holding those handed over
+        ahead of their not-before time); returns the attempts started. Raises only before
+        anything started (the deliveries are then returned to the broker)."""
         wanted, drop, unserved = self._sort(deliveries)
+        now = self.d.clock.now_ms()
+        early = [w for w in wanted if w.envelope.not_before_ms is not None and w.envelope.not_before_ms > now]
+        if early:
+            self._hold(early)
+            wanted = [w for w in wanted if w not in early]
+        return self._begin(wanted, drop, unserved)
+
+    def _hold(self, early: list[_Wanted]) -> None:
+        self.state.reserve(len(early))
+        self.waiting = sorted(self.waiting + early, key=lambda w: w.envelope.not_before_ms or 0)
+
+    def _begin(
+        self,
+        wanted: list[_Wanted],
+        drop: list[Delivery],
+        unserved: list[_Wanted],
+        jobs: dict[str, Job] | None = None,
+    ) -> list[Attempt]:
         retry_later: list[Delivery] = []
         if unserved:
             try:
@@ -104,7 +199,7 @@ class Consumer:
         attempts: list[Attempt] = []
         if wanted:
             try:
-                attempts, ended, again = self._start(wanted)
+                attempts, ended, again = self._start(wanted, jobs if not unserved else None)
             except Exception:
                 self._settle(ack=drop, nack=[w.delivery for w in wanted] + retry_later)
                 raise
@@ -189,12 +284,15 @@ class Consumer:
         failing_ids = {id(w) for w in failing}
         return failing, [w.delivery for w in unserved if id(w) not in failing_ids]
 
-    def _start(self, wanted: list[_Wanted]) -> tuple[list[Attempt], list[Delivery], list[Delivery]]:
+    def _start(
+        self, wanted: list[_Wanted], jobs: dict[str, Job] | None = None
+    ) -> tuple[list[Attempt], list[Delivery], list[Delivery]]:
         """One job read and one transition batch: starts, and the ends of runs whose job is gone,
         cancelled or paused. Returns the attempts started, the deliveries to drop, and those to
         return to the broker (their write did not apply because the batch failed, not because
-        the run moved on)."""
-        jobs = self._jobs(wanted)
+        the run moved on). `jobs`, when given, are the jobs read ahead (`prepare_due`)."""
+        if jobs is None:
+            jobs = self._jobs(wanted)
         now = self.d.clock.now_ms()
         moves: list[Transition] = []
         for w in wanted:

@@ -255,14 +255,26 @@ class Worker(Daemon):
             self.shutdown()
 
     def _wait_for_slots(self, stop: threading.Event) -> None:
-        """Until a slot is free; then, while busy, a moment more for half the slots, since every
-        consume and start batch costs about as much as a few dozen runs."""
+        """Until a slot is free or a held delivery is due; then, while busy, a moment more for half
+        the slots, since every consume and start batch costs about as much as a few dozen runs.
+        Never past the next held delivery's not-before time: it starts on time."""
         while self.state.free() <= 0 and not stop.is_set():
-            self.state.wait(lambda: self.state.free() > 0, 0.2)
+            hold_s = self._until_held_s()
+            if hold_s is not None and hold_s <= 0:
+                return
+            self.state.wait(lambda: self.state.free() > 0, 0.2 if hold_s is None else min(0.2, hold_s))
             self.last_beat = time.monotonic()
         refill_at = max(1, self.concurrency // 2)
         if self.state.free() < refill_at and not stop.is_set():
-            self.state.wait(lambda: self.state.free() >= refill_at, REFILL_WAIT_S)
+            hold_s = self._until_held_s()
+            wait_s = REFILL_WAIT_S if hold_s is None else max(0.0, min(REFILL_WAIT_S, hold_s))
+            if wait_s > 0:
+                self.state.wait(lambda: self.state.free() >= refill_at, wait_s)
+
+    def _until_held_s(self) -> float | None:
+        """Seconds until the earliest held delivery may start; None when none is held."""
+        due_ms = self.consumer.next_due_ms()
+        return None if due_ms is None else (due_ms - self.clock.now_ms()) / 1000
 
     def _completer_loop(self) -> None:
         while True:
@@ -348,6 +360,9 @@ class Worker(Daemon):
         """Stop: wait up to `shutdown_grace_s` for running tasks, hand the rest back (fence+1,
         SCHEDULED now, no attempt used) so another worker runs them without waiting for a lease,
         and let every outcome become durable before leaving."""
+        returned = self.consumer.return_held()
+        if returned:
+            self.log.info("handed %d held deliveries back to the broker", returned)
         grace = self.settings.shutdown_grace_s
         if not self.state.wait(lambda: self.state.executing() == 0, grace):
             now = self.clock.now_ms()

@@ -22,6 +22,7 @@ class WorkerState:
         self.held: dict[AttemptKey, Attempt] = {}
         self.lost: set[AttemptKey] = set()  # executions given up on that still occupy a slot
         self.late_ms = 0  # the largest start lateness since the autoscaler last looked
+        self.reserved = 0  # slots kept for deliveries held until their not-before time (look-ahead)
 
     def resize(self, concurrency: int) -> None:
         """Change the number of slots (autoscaling); a smaller number frees no running attempt."""
@@ -40,7 +41,19 @@ class WorkerState:
 
     def free(self) -> int:
         with self.lock:
-            return max(0, self.concurrency - len(self.held) - len(self.lost.difference(self.held)))
+            return max(0, self.concurrency - len(self.held) - len(self.lost.difference(self.held)) - self.reserved)
+
+    def reserve(self, n: int) -> None:
+        """Keep `n` slots for deliveries held until their not-before time (released with `unreserve`
+        when they start or go back), so a held run finds its slot free at its due time."""
+        with self.changed:
+            self.reserved += n
+            self.changed.notify_all()
+
+    def unreserve(self, n: int) -> None:
+        with self.changed:
+            self.reserved = max(0, self.reserved - n)
+            self.changed.notify_all()
 
     def lost_slots(self) -> int:
         with self.lock:
