@@ -114,6 +114,10 @@ def _settings(options: dict[str, Any], role: str | None = None, **more: Any) -> 
 
 def _observe(settings: Settings, role: str) -> None:
     logs.configure(settings.log_level, settings.log_format)
+    _trace(settings, role)
+
+
+def _trace(settings: Settings, role: str) -> None:
     try:
         tracing.configure(settings.tracing, f"jobq-{role}")
     except JobqError as exc:
@@ -154,8 +158,9 @@ def dev(
     app, registry = load_apps(apps)
     from jobq.daemons.worker.pools import pool_for
 
+    logs.configure(settings.log_level, settings.log_format)
     pool = pool_for(settings, registry)  # before any thread or connection, as for `jobq worker`
-    _observe(settings, "dev")
+    _trace(settings, "dev")
     d = connect(settings)
     app.use(d)
     caller = webhook_caller(d)
@@ -275,9 +280,10 @@ def worker(
     app, registry = load_apps(apps)
     from jobq.daemons.worker.pools import pool_for
 
+    logs.configure(settings.log_level, settings.log_format)  # the prefork zygote's children inherit it
     # Before any thread or connection: a prefork pool forks its zygote here (see pools/prefork.py).
     tasks_pool = pool_for(settings, registry)
-    _observe(settings, "worker")
+    _trace(settings, "worker")
     if not registry.names():
         err_console.print("warning: no tasks registered (pass -A MODULE); every run will be handed on")
     d = connect(settings)

@@ -12,6 +12,7 @@ or the broker (the worker does), so a new pool is one module implementing `Pool`
 from __future__ import annotations
 
 import ctypes
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
@@ -68,15 +69,20 @@ class PoolOptions:
     registry: TaskRegistry | None = None
     max_tasks_per_child: int | None = None
     max_memory_per_child_kib: int | None = None
+    child_init: Callable[[], None] | None = None  # run in each prefork child before its first task
 
 
 def pool_for(settings: Settings, registry: TaskRegistry) -> Pool:
     """The pool `settings` ask for (threads when they name none), serving `registry`. A prefork
     pool forks its zygote here: build it before the process starts threads or opens connections."""
+    from jobq import tracing
+
     options = PoolOptions(
         registry=registry,
         max_tasks_per_child=settings.max_tasks_per_child,
         max_memory_per_child_kib=settings.max_memory_per_child_kib,
+        # The zygote forks before tracing starts its exporter thread: each child sets it up itself.
+        child_init=functools.partial(tracing.configure, settings.tracing, "jobq-worker"),
     )
     return make_pool(settings.pool or "threads", options)
 

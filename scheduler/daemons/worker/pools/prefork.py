@@ -87,6 +87,8 @@ def _child_main(conn: Connection, registry: TaskRegistry, options: PoolOptions) 
             raise SoftTimeLimitExceeded("the soft time limit passed")
 
     signal.signal(signal.SIGUSR1, on_soft_limit)
+    if options.child_init is not None:
+        options.child_init()
     parent = os.getppid()
     work: queue.Queue[tuple[Any, ...] | None] = queue.Queue()
 
