@@ -205,6 +205,15 @@ def run_seed(seed: int, steps: int, backend: str = "memory") -> Result:
     return replay(generate(seed, steps), seed=seed, backend=backend)
 
 
+def seed_holds(job: tuple[int, int, str]) -> bool:
+    """Whether a seed breaks no guarantee: `run_seed` for a pool of processes, quiet."""
+    import logging
+
+    logging.disable(logging.CRITICAL)
+    seed, steps, backend = job
+    return run_seed(seed, steps, backend).ok
+
+
 def shrink(result: Result, *, budget_s: float = 60.0) -> Result:
     """A shorter trace that still fails (delta debugging: drop chunks while it keeps failing)."""
     trace = result.trace[: (result.failed_at or len(result.trace)) + 1]
