@@ -24,6 +24,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -56,27 +57,7 @@ def measure(urls: dict[str, str], *, grouped: bool, producers: int, n: int) -> d
         group = _group(d.store)
         groups0, items0 = group.groups, group.items
         each = n // producers
-        start = threading.Barrier(producers + 1)
-        errors: list[BaseException] = []
-
-        def produce() -> None:
-            start.wait()
-            try:
-                for i in range(each):
-                    noop.delay(i)
-            except BaseException as exc:  # reported below: a failed run is no figure
-                errors.append(exc)
-
-        threads = [threading.Thread(target=produce) for _ in range(producers)]
-        for t in threads:
-            t.start()
-        start.wait()
-        began, cpu = time.perf_counter(), time.process_time()
-        for t in threads:
-            t.join()
-        elapsed, cpu = time.perf_counter() - began, time.process_time() - cpu
-        if errors:
-            raise errors[0]
+        elapsed, cpu = _produce(noop.delay, producers, each)
         groups = group.groups - groups0
         return {
             "per_s": each * producers / elapsed,
@@ -110,12 +91,26 @@ def peer_rate(peer: str, *, producers: int, n: int) -> dict[str, float]:
         dramatiq.set_broker(broker)
         call = dramatiq.actor(_peer_noop, actor_name=f"noop_{tag}", broker=broker).send
     each = n // producers
+    elapsed, cpu = _produce(call, producers, each)
+    client = redis.Redis.from_url(REDIS)
+    for key in client.scan_iter(match=f"*{tag}*", count=1000):
+        client.delete(key)
+    return {"per_s": each * producers / elapsed, "cpu_us": cpu / (each * producers) * 1e6}
+
+
+def _produce(call: Callable[[int], Any], producers: int, each: int) -> tuple[float, float]:
+    """`call(i)` `each` times from each of `producers` threads started together: the wall time
+    and this process's CPU time (every thread) they took. A failed call fails the figure."""
     start = threading.Barrier(producers + 1)
+    errors: list[BaseException] = []
 
     def produce() -> None:
         start.wait()
-        for i in range(each):
-            call(i)
+        try:
+            for i in range(each):
+                call(i)
+        except BaseException as exc:
+            errors.append(exc)
 
     threads = [threading.Thread(target=produce) for _ in range(producers)]
     for t in threads:
@@ -124,11 +119,9 @@ def peer_rate(peer: str, *, producers: int, n: int) -> dict[str, float]:
     began, cpu = time.perf_counter(), time.process_time()
     for t in threads:
         t.join()
-    elapsed, cpu = time.perf_counter() - began, time.process_time() - cpu
-    client = redis.Redis.from_url(REDIS)
-    for key in client.scan_iter(match=f"*{tag}*", count=1000):
-        client.delete(key)
-    return {"per_s": each * producers / elapsed, "cpu_us": cpu / (each * producers) * 1e6}
+    if errors:
+        raise errors[0]
+    return time.perf_counter() - began, time.process_time() - cpu
 
 
 def _peer_noop(i: int) -> None:
