@@ -29,25 +29,22 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
-import os
-import platform
 import random
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import redis
+from stacks import machine, result_stem
 
 from jobq.ids import new_job_id
 from jobq.models import Priority
 from jobq.ports import IndexEntry
 from jobq.timeindex.redis import RedisTimeIndex
 
-RESULTS = Path(__file__).resolve().parent / "results"
 MINUTE = 60_000
 HOUR = 3_600_000
 HORIZON_MS = 2 * HOUR
@@ -290,15 +287,9 @@ def main(argv: list[str] | None = None) -> int:
             client.close()
             proc.kill()
             proc.wait(timeout=30)
-    report["machine"] = {
-        "cpus": os.cpu_count(),
-        "python": platform.python_version(),
-        "loadavg": os.getloadavg(),
-        "shared": "yes: other sessions' tests and benchmarks ran at the same time",
-    }
+    report["machine"] = machine()
     report["when"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / f"index-scale-{args.runs}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path = result_stem(f"index-scale-{args.runs}").with_suffix(".json")
     path.write_text(json.dumps(report, indent=1))
     print(f"wrote {path}")
     return 0

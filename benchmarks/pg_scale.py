@@ -24,19 +24,16 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
-import platform
 import sys
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 import psycopg
+from stacks import machine, result_stem
 
 from jobq.store.postgres import PostgresStore
 
-RESULTS = Path(__file__).resolve().parent / "results"
 POSTGRES = "postgresql://127.0.0.1:5432/test"
 
 # Priority from i: 1 in 20 CRITICAL, 3 HIGH, 12 DEFAULT, 4 LOW.
@@ -207,15 +204,9 @@ def main(argv: list[str] | None = None) -> int:
         if not args.keep:
             with psycopg.connect(POSTGRES, autocommit=True) as conn:
                 conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-    report["machine"] = {
-        "cpus": os.cpu_count(),
-        "python": platform.python_version(),
-        "loadavg": os.getloadavg(),
-        "shared": "yes: other sessions' tests and benchmarks ran at the same time",
-    }
+    report["machine"] = machine()
     report["when"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    RESULTS.mkdir(exist_ok=True)
-    stem = RESULTS / f"pg-scale-{args.runs}-{time.strftime('%Y%m%d-%H%M%S')}"
+    stem = result_stem(f"pg-scale-{args.runs}")
     stem.with_suffix(".json").write_text(json.dumps(report, indent=1, default=str))
     stem.with_suffix(".txt").write_text("\n".join(text))
     print(f"wrote {stem}.json and .txt")

@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import sys
 import time
@@ -33,7 +31,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from stacks import POSTGRES, stack
+from stacks import POSTGRES, machine, result_stem, stack
 
 from jobq.bench import NOOP, Bench, bench_app
 from jobq.codec import encode, envelope_for
@@ -44,8 +42,6 @@ from jobq.ports import RunQuery
 from jobq.settings import Settings
 from jobq.store.dynamodb_items import job_item, run_item
 from jobq.wiring import connect
-
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def dynamodb_size(item: dict[str, Any]) -> int:
@@ -147,18 +143,12 @@ def main(argv: list[str] | None = None) -> int:
         "task": NOOP,
         "repeats": results,
         "summary": summary,
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "loadavg": os.getloadavg(),
-            "shared": "yes: other sessions' tests and benchmarks ran at the same time",
-        },
+        "machine": machine(),
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     for name, s in summary.items():
         print(f"  {name:36} median {s['median']:>10,.1f}   min {s['min']:>10,.1f}   max {s['max']:>10,.1f}")
-    RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / f"role-cost-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path = result_stem("role-cost").with_suffix(".json")
     path.write_text(json.dumps(report, indent=1))
     print(f"wrote {path}")
     return 0

@@ -10,6 +10,8 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import platform
 import subprocess
 import sys
 import tempfile
@@ -21,6 +23,23 @@ from pathlib import Path
 POSTGRES = "postgresql://127.0.0.1:5432/test"
 REDIS = "redis://127.0.0.1:6379/0"
 STACKS = ("sqlite", "postgres-redis", "dynamodb-redis-sqs")
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def machine() -> dict[str, object]:
+    """What a result ran on, and the load then: the machine is shared, so the load says how much."""
+    return {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "loadavg": os.getloadavg(),
+        "shared": "yes: other sessions' tests and benchmarks ran at the same time",
+    }
+
+
+def result_stem(name: str) -> Path:
+    """`benchmarks/results/<name>-<UTC time>` (made if missing); the caller adds the suffix."""
+    RESULTS.mkdir(exist_ok=True)
+    return RESULTS / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 @contextlib.contextmanager
