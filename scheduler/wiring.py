@@ -22,7 +22,9 @@ from jobq.sqlitedb import SqliteDatabase, path_from_url
 _Opener = Callable[[str], SqliteDatabase]
 
 
-def connect(settings: Settings, clock: Clock = SYSTEM_CLOCK) -> Deployment:
+def _sqlite_opener() -> _Opener:
+    """Opens each SQLite file once per deployment, whichever ports (store, index, queue,
+    history) name it: they share one database object."""
     databases: dict[str, SqliteDatabase] = {}
 
     def sqlite(url: str) -> SqliteDatabase:
@@ -31,6 +33,11 @@ def connect(settings: Settings, clock: Clock = SYSTEM_CLOCK) -> Deployment:
             databases[path] = SqliteDatabase(path)
         return databases[path]
 
+    return sqlite
+
+
+def connect(settings: Settings, clock: Clock = SYSTEM_CLOCK) -> Deployment:
+    sqlite = _sqlite_opener()
     store = _store(settings.store_url, sqlite)
     try:
         index = _index(settings.index, store, sqlite)
@@ -67,14 +74,7 @@ def connect_reader(settings: Settings, clock: Clock = SYSTEM_CLOCK, *, history: 
                 raise StoreMissing(f"{db.config.display} (schema {db.schema!r})")
         finally:
             db.close()
-    databases: dict[str, SqliteDatabase] = {}
-
-    def sqlite(url: str) -> SqliteDatabase:
-        path = path_from_url(url)
-        if path not in databases:
-            databases[path] = SqliteDatabase(path)
-        return databases[path]
-
+    sqlite = _sqlite_opener()
     store = _store(url, sqlite)
     try:
         sink = _history(settings.history, store, sqlite, 0) if history else MemoryHistory()
