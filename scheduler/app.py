@@ -205,7 +205,7 @@ class Task(Generic[P, R]):
         )
         client = self.app.client
         try:
-            submitted = client.submit(spec, idempotency_key=idempotency_key)
+            submitted = client.submit_parsed(spec, idempotency_key=idempotency_key)
         except DuplicateJob:
             # A module that schedules a job id when imported is imported again by every worker: the
             # same spec names the job that exists; another spec is a real clash.

@@ -137,14 +137,40 @@ class Client:
         catalogue) wherever the spec sets none. A task no worker has published is refused
         (`UnknownTask`) when `known_tasks` is given and lacks it or the setting `unknown_tasks` is
         `refuse`; otherwise the job is stored and `Submitted.warnings` says it waits for a worker."""
-        from jobq.submission import JobSpec, build_job, check_idempotency_key, preview, with_declared
+        from jobq.submission import JobSpec
 
-        spec = JobSpec.parse(spec, tenant_id=self.tenant_id)
+        return self.submit_parsed(
+            JobSpec.parse(spec, tenant_id=self.tenant_id),
+            idempotency_key=idempotency_key,
+            respond=respond,
+            fingerprint=fingerprint,
+            known_tasks=known_tasks,
+            declared_by=declared_by,
+            trace=trace,
+        )
+
+    def submit_parsed(
+        self,
+        spec: JobSpec,
+        *,
+        idempotency_key: str | None = None,
+        respond: Callable[[Job, builtins.list[int]], str] | None = None,
+        fingerprint: str | None = None,
+        known_tasks: set[str] | None = None,
+        declared_by: str | None = None,
+        trace: str | None = None,
+    ) -> Submitted:
+        """`submit` for a spec that `JobSpec.parse` has just returned, neither copied nor changed
+        since: the same, without validating it a second time (`Task.schedule` parses the call's
+        arguments to name them in its errors, and validation is a fifth of a submission's CPU)."""
+        from jobq.submission import build_job, check_idempotency_key, preview, with_declared
+
         if self.tenant_id is not None and spec.tenant_id != self.tenant_id:
             raise InvalidJob(f"tenant_id {spec.tenant_id!r} is not this token's tenant", field="tenant_id")
         if idempotency_key is not None:
             check_idempotency_key(idempotency_key)
-        fingerprint = fingerprint or spec.fingerprint()  # of the request, not of what the catalogue added
+        # Of the request, not of what the catalogue adds; only a key's record keeps one.
+        request_print = (fingerprint or spec.fingerprint()) if idempotency_key is not None else ""
         warnings: tuple[str, ...] = ()
         if isinstance(spec.target, TaskTarget):
             task = spec.target.task
@@ -168,7 +194,7 @@ class Client:
                 record = IdempotencyRecord(
                     tenant_id=spec.tenant_id,
                     key=idempotency_key,
-                    fingerprint=fingerprint,
+                    fingerprint=request_print,
                     job_id=job.job_id,
                     response=response,
                     created_ms=now,

@@ -340,3 +340,35 @@ def test_task_adelay_submits_from_asyncio_code(deployed: Stack) -> None:
         assert scheduled.job.schedule.type.value == "ONE_OFF"
     finally:
         app.deployment.close()
+
+
+def test_delay_validates_its_arguments_once_and_hashes_no_fingerprint_without_a_key(
+    deployed: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`Task.schedule` parses its arguments into a spec (to name them in errors); the client must
+    not validate that spec again, and a fingerprint is only needed for an Idempotency-Key's record.
+    Both were a fifth of a submission's CPU (docs/performance.md, "Submission")."""
+    from jobq.submission import JobSpec
+
+    app = App("group-tests", settings=Settings.load({**deployed.urls, "history_flush_s": 0}, env={}))
+
+    @app.task(name=TASK)
+    def noop(x: int) -> None: ...
+
+    validations: list[object] = []
+    prints: list[object] = []
+    validate, fingerprint = JobSpec.model_validate, JobSpec.fingerprint
+    monkeypatch.setattr(
+        JobSpec, "model_validate", classmethod(lambda cls, v, **k: validations.append(v) or validate(v, **k))
+    )
+    monkeypatch.setattr(JobSpec, "fingerprint", lambda self: prints.append(self) or fingerprint(self))
+    try:
+        handle = noop.delay(1)
+        assert (len(validations), len(prints)) == (1, 0)
+        keyed = noop.schedule(args=(2,), idempotency_key="k-1")
+        assert (len(validations), len(prints)) == (2, 1)
+        again = noop.schedule(args=(2,), idempotency_key="k-1")  # a replay still compares fingerprints
+        assert again.job_id == keyed.job_id
+        assert read_back(deployed, [handle.job_id, keyed.job_id]) == {handle.job_id, keyed.job_id}
+    finally:
+        app.deployment.close()
