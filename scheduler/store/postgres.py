@@ -136,6 +136,14 @@ _INSERT_RUN = (
     + ") ON CONFLICT (run_id) DO NOTHING RETURNING {cols}"
 )
 _INSERT_RUN_QUIETLY = _INSERT_RUN.removesuffix(" RETURNING {cols}")
+# A new job and its first runs in one statement, so one round trip: the runs (a JSON array of rows,
+# which PostgreSQL converts column by column) go in only when the job did, and `created` says which.
+_CREATE_JOB = (
+    "WITH job AS (" + _INSERT_JOB + "), "
+    "runs AS (INSERT INTO {runs} ({cols}) SELECT {cols} FROM jsonb_populate_recordset(NULL::{runs}, %s::jsonb) "
+    "WHERE EXISTS (SELECT 1 FROM job) ON CONFLICT (run_id) DO NOTHING) "
+    "SELECT count(*) AS created FROM job"
+)
 _REPLACE_KEY = (
     "INSERT INTO {idem} AS i (tenant_id, key, fingerprint, job_id, response, created_ms, expires_ms) "
     "VALUES (%(tenant_id)s, %(key)s, %(fingerprint)s, %(job_id)s, %(response)s, %(created_ms)s, %(expires_ms)s) "
@@ -304,6 +312,18 @@ def _job_values(job: Job) -> list[Any]:
     ]
 
 
+def _insert_job(conn: Connection, db: PostgresDatabase, job: Job, runs: Sequence[Run]) -> bool:
+    """Insert `job` and, when it is new, its `runs` (`_CREATE_JOB`); False when the key exists."""
+    rows = []
+    for run in runs:
+        row = run.model_dump(mode="json")
+        row["priority"] = run.priority.rank
+        rows.append(row)
+    params = [job.job_id, *_job_values(job), json.dumps(rows, separators=(",", ":"))]
+    found = conn.execute(db.sql(_CREATE_JOB), params).fetchone()
+    return found is not None and found["created"] == 1
+
+
 def _job_columns(jobs: Sequence[Job]) -> list[list[Any]]:
     """The jobs as one array per column, for `_INSERT_JOBS`."""
     rows = [[job.job_id, *_job_values(job)] for job in jobs]
@@ -370,10 +390,8 @@ class PostgresStore:
                         return CreateResult(job_from_row(original), False, known["response"])
                 # The key names a job that no longer exists: it now names this one (as in SQLite).
                 conn.execute(db.sql(_REPLACE_KEY), key)
-        if conn.execute(db.sql(_INSERT_JOB), [job.job_id, *_job_values(job)]).fetchone() is None:
+        if not _insert_job(conn, db, job, runs):
             raise DuplicateJob(job.job_id)  # raising rolls the idempotency key back too
-        if runs:
-            conn.cursor().executemany(db.sql(_INSERT_RUN), [_run_values(r) for r in runs])
         return CreateResult(job, created=True)
 
     def create_job_group(self, requests: Sequence[CreateRequest]) -> list[CreateResult | JobqError]:
@@ -389,11 +407,17 @@ class PostgresStore:
         of the group is applied; then each request is written alone, so the refusal is its own."""
         if not requests:
             return []
-        if len(requests) == 1 and requests[0].idempotency is not None:
-            # A lone keyed caller's: its transaction is all the savepoint it needs.
+        if len(requests) == 1:
+            # A lone caller's: its transaction is all the savepoint it needs. Without a key it is
+            # one statement, which pipeline mode would only slow down (its syncs cost a round trip).
             [one] = requests
             try:
-                return [self.db.run(lambda conn: self._create(conn, one.job, one.runs, one.idempotency), pipeline=True)]
+                return [
+                    self.db.run(
+                        lambda conn: self._create(conn, one.job, one.runs, one.idempotency),
+                        pipeline=one.idempotency is not None,
+                    )
+                ]
             except StoreUnavailable:
                 raise
             except JobqError as exc:
@@ -416,21 +440,16 @@ class PostgresStore:
                 out[i] = DuplicateJob(request.job.job_id)
             else:
                 first[request.job.key] = i
-        created: set[JobKey]
-        if len(first) == 1:  # a lone caller's: the plain statement (no arrays to build and dump)
-            [(only, i)] = first.items()
-            job = requests[i].job
-            found = conn.execute(db.sql(_INSERT_JOB), [job.job_id, *_job_values(job)]).fetchone()
-            created = {only} if found is not None else set()
+        if len(first) == 1:  # a lone caller's: one plain statement (no arrays to build and dump)
+            [i] = first.values()
+            created = _insert_job(conn, db, requests[i].job, requests[i].runs)
+            out[i] = CreateResult(requests[i].job, created=True) if created else DuplicateJob(requests[i].job.job_id)
         elif first:
             rows = conn.execute(db.sql(_INSERT_JOBS), _job_columns([requests[i].job for i in first.values()]))
-            created = {JobKey(row["tenant_id"], row["job_id"]) for row in rows.fetchall()}
-        else:
-            created = set()
-        if first:
+            made = {JobKey(row["tenant_id"], row["job_id"]) for row in rows.fetchall()}
             runs: list[Run] = []
             for key, i in first.items():
-                if key in created:
+                if key in made:
                     out[i] = CreateResult(requests[i].job, created=True)
                     runs.extend(requests[i].runs)
                 else:
