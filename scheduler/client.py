@@ -15,6 +15,7 @@ cancelled (a status write that leaves the record as it is); pause, resume and tr
 from __future__ import annotations
 
 import builtins
+import contextlib
 import dataclasses
 import functools
 import threading
@@ -206,10 +207,11 @@ class Client:
                 if result.created:
                     return Submitted(job, True, response, tuple(fires), warnings)
             else:
-                result = self.store.create_job(job, runs, record)
+                with self._atomic():
+                    result = self.store.create_job(job, runs, record)
+                    if result.created:
+                        self._announce([(job, runs)])
                 if result.created:
-                    self._index(runs)
-                    self._publish(job, [r for r in runs if r.state is RunState.DISPATCHED])
                     return Submitted(job, True, response, tuple(fires), warnings)
             return Submitted(result.job, False, result.response, tuple(preview(result.job, now)), warnings)
 
@@ -286,10 +288,16 @@ class Client:
             if job.schedule.type is ScheduleType.IMMEDIATE:
                 runs = [self._dispatched(run, now) for run in runs]
             items.append((job, runs))
-        created = self.store.create_jobs(items)
-        made = [(job, runs) for (job, runs), ok in zip(items, created, strict=True) if ok]
-        self._announce(made)
+        with self._atomic():
+            created = self.store.create_jobs(items)
+            made = [(job, runs) for (job, runs), ok in zip(items, created, strict=True) if ok]
+            self._announce(made)
         return [job for job, _ in made]
+
+    def _atomic(self) -> contextlib.AbstractContextManager[None]:
+        """The deployment's one transaction for a job's rows and its messages (`Deployment.atomic`),
+        where it has one."""
+        return self.d.atomic() if self.d.atomic is not None else contextlib.nullcontext()
 
     def _announce(self, made: Sequence[tuple[Job, Sequence[Run]]]) -> None:
         """After jobs are stored: their scheduled runs into the index (one call), their dispatched
@@ -761,20 +769,40 @@ def _group(store: object) -> GroupCommit[_Pending, CreateResult]:
 
 
 def _commit_group(pending: builtins.list[_Pending]) -> builtins.list[CreateResult | JobqError]:
-    """One group's store write: every request in one transaction (`JobStore.create_job_group`)."""
-    return pending[0].d.store.create_job_group([p.request for p in pending])
+    """One group's store write: every request in one transaction (`JobStore.create_job_group`).
+    When the deployment is one SQLite file, the runs' index entries and messages are written in the
+    same transaction (`Deployment.atomic`): one commit instead of two, and a job is never stored
+    without its messages; an index or publish failure then fails the whole group, nothing written."""
+    d = pending[0].d
+    if d.atomic is None:
+        return d.store.create_job_group([p.request for p in pending])
+    with d.atomic():
+        outcomes = d.store.create_job_group([p.request for p in pending])
+        for indices in _created(pending, outcomes).values():
+            Client(pending[indices[0]].d)._announce(
+                [(pending[i].request.job, pending[i].request.runs) for i in indices]
+            )
+    return outcomes
+
+
+def _created(pending: Sequence[_Pending], outcomes: Sequence[object]) -> dict[int, builtins.list[int]]:
+    """The indices of the created jobs, by deployment."""
+    created: dict[int, builtins.list[int]] = {}
+    for i, (item, outcome) in enumerate(zip(pending, outcomes, strict=True)):
+        if isinstance(outcome, CreateResult) and outcome.created:
+            created.setdefault(id(item.d), []).append(i)
+    return created
 
 
 def _announce_group(
     pending: builtins.list[_Pending], outcomes: builtins.list[CreateResult | BaseException]
 ) -> builtins.list[CreateResult | BaseException]:
     """After the group's commit, while the next group commits: the created jobs' runs indexed and
-    published, one call each per deployment. A caller whose job was stored but whose index or
-    publish failed gets that error, as it would alone."""
-    created: dict[int, builtins.list[int]] = {}
-    for i, (item, outcome) in enumerate(zip(pending, outcomes, strict=True)):
-        if isinstance(outcome, CreateResult) and outcome.created:
-            created.setdefault(id(item.d), []).append(i)
+    published, one call each per deployment (unless the commit did it: `Deployment.atomic`). A
+    caller whose job was stored but whose index or publish failed gets that error, as it would alone."""
+    if pending[0].d.atomic is not None:
+        return outcomes
+    created = _created(pending, outcomes)
     for indices in created.values():
         try:
             made = [(pending[i].request.job, pending[i].request.runs) for i in indices]

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 from jobq.clock import SYSTEM_CLOCK, Clock
@@ -21,6 +23,9 @@ class Deployment:
     transport: Transport
     history: HistorySink
     clock: Clock = SYSTEM_CLOCK
+    # Set when the store, time index and queue are one SQLite file: a write transaction that all
+    # their writes on this thread join, so a submission's job, runs and messages commit together.
+    atomic: Callable[[], AbstractContextManager[None]] | None = None
 
     @property
     def registry(self) -> DaemonRegistry:

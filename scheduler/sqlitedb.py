@@ -101,10 +101,15 @@ class SqliteDatabase:
 
     @contextlib.contextmanager
     def write(self) -> Iterator[sqlite3.Connection]:
-        """A write transaction: `BEGIN IMMEDIATE` takes the write lock up front; commit or roll back."""
+        """A write transaction: `BEGIN IMMEDIATE` takes the write lock up front; commit or roll back.
+        Inside `atomic` on the same thread, a savepoint of the enclosing transaction instead."""
         conn = self.connection()
         if conn.in_transaction:
-            raise RuntimeError("nested write transaction on one thread: a bug in the caller")
+            if not getattr(self._local, "atomic", False):
+                raise RuntimeError("nested write transaction on one thread: a bug in the caller")
+            with self._savepoint(conn):
+                yield conn
+            return
         try:
             _begin_immediate(conn)
         except sqlite3.Error as exc:
@@ -123,6 +128,34 @@ class SqliteDatabase:
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("ROLLBACK")
             raise StoreUnavailable(f"{self.path}: commit failed: {exc}") from exc
+
+    @contextlib.contextmanager
+    def atomic(self) -> Iterator[None]:
+        """One write transaction that every `write` on this thread joins until it ends (each as a
+        savepoint, so one that raises undoes only its own writes): the store, time index and queue
+        of one file then commit together, or not at all."""
+        with self.write():
+            self._local.atomic = True
+            try:
+                yield
+            finally:
+                self._local.atomic = False
+
+    @contextlib.contextmanager
+    def _savepoint(self, conn: sqlite3.Connection) -> Iterator[None]:
+        """A `write` inside `atomic`: its errors are translated as a transaction's would be."""
+        try:
+            conn.execute("SAVEPOINT jobq_joined")
+            try:
+                yield
+            except BaseException:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK TO jobq_joined")
+                    conn.execute("RELEASE jobq_joined")
+                raise
+            conn.execute("RELEASE jobq_joined")
+        except sqlite3.Error as exc:
+            raise _translate(self.path, exc) from exc
 
     def read(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
         try:

@@ -7,6 +7,7 @@ naming it (`pip install 'jobq[redis]'`) and never an ImportError at import time.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
@@ -46,7 +47,16 @@ def connect(settings: Settings, clock: Clock = SYSTEM_CLOCK) -> Deployment:
     except BaseException:
         store.close()  # a pooled store left to the garbage collector stops its threads badly
         raise
-    return Deployment(settings, store, index, transport, history, clock)
+    return Deployment(settings, store, index, transport, history, clock, atomic=_one_file(store, transport))
+
+
+def _one_file(store: JobStore, transport: Transport) -> Callable[[], AbstractContextManager[None]] | None:
+    """`SqliteDatabase.atomic` when the store and the queue share one SQLite file (the SQLite time
+    index always does: it is a view of the store)."""
+    db = getattr(store, "db", None)
+    if isinstance(db, SqliteDatabase) and getattr(transport, "database", None) is db:
+        return db.atomic
+    return None
 
 
 _POSTGRES = ("postgresql", "postgres")

@@ -104,6 +104,11 @@ class SqliteTransport:
         transport._owns_db = True
         return transport
 
+    @property
+    def database(self) -> SqliteDatabase:
+        """The file the queue lives in (a store in the same file can commit with it: `atomic`)."""
+        return self._db
+
     def publish(self, queue: str, bodies: Sequence[bytes]) -> None:
         """Append every body to `queue` in one transaction: all are enqueued, in order, or none is."""
         if not bodies:
