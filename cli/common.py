@@ -7,7 +7,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
@@ -61,11 +61,11 @@ def _rich_console(name: str) -> Console:
     return made
 
 
-def print_table(headers: tuple[str, ...], rows: list[tuple[str, ...]], *, whole: int = 0) -> None:
+def print_table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, whole: int = 0) -> None:
     """Print a table as `table()` would, column `whole` never wrapped (ids are copied with a double
-    click). Drawn without rich when it fits the console in plain ASCII (`jobq.cli.plaintable`)."""
+    click). Drawn without rich when its text is plain ASCII (`jobq.cli.plaintable`)."""
     shape = layout(sys.stdout)
-    drawn = draw(headers, rows, width=shape[0], bold=shape[1]) if shape else None
+    drawn = draw(headers, rows, width=shape[0], bold=shape[1], whole=whole) if shape else None
     if drawn is not None:
         click.echo(drawn, nl=False)
         return

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import click
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from jobq.cli.main import COMMANDS, cli
 
@@ -192,37 +194,43 @@ def test_jobq_list_without_rich_prints_only_the_matching_jobs(
 COLUMNS_SHOWN = ["job_id", "tenant", "name", "status", "type", "schedule", "priority", "created"]
 
 
-def test_jobq_list_in_a_terminal_too_narrow_for_the_table_keeps_job_ids_whole(listed_store: dict[str, str]) -> None:
-    """The table rich folds to fit 80 columns keeps each job id on one line (they are copied with
-    a double click); a terminal wide enough gets the plain table with a bold header."""
+def test_jobq_list_in_a_terminal_too_narrow_for_the_table_keeps_job_ids_whole_without_rich(
+    listed_store: dict[str, str],
+) -> None:
+    """An 80-column terminal: the other columns narrow and wrap, each job id stays on one line
+    (ids are copied with a double click), and rich stays unloaded; a terminal wide enough for the
+    table gets it unwrapped with a bold header."""
     long_id = "job_01m8s6kt1g1a49g6z2kz37repj"
-    url = listed_store["JOBQ_STORE"]
     from factories import make_job
 
     from jobq.settings import Settings
     from jobq.wiring import connect
 
-    d = connect(Settings.load({"store": url}, env={}))
+    d = connect(Settings.load({"store": listed_store["JOBQ_STORE"]}, env={}))
     try:
         d.store.create_job(make_job(long_id, name="a.rather.long.task.name.for.the.listing"), [])
     finally:
         d.close()
-    narrow = _in_a_terminal({**listed_store, "COLUMNS": "80", "TERM": "xterm"}, "list")
-    assert max(len(_visible(line)) for line in narrow.splitlines()) <= 80
-    assert any(long_id in line for line in narrow.splitlines()), narrow
-    wide = _in_a_terminal({**listed_store, "COLUMNS": "200", "TERM": "xterm"}, "list")
+    narrow, loaded = _in_a_terminal({**listed_store, "COLUMNS": "80", "TERM": "xterm"}, "list")
+    assert "rich" not in loaded
+    assert {len(_visible(line)) for line in narrow.splitlines()} == {80}
+    assert any(f"│ {long_id} │" in line for line in narrow.splitlines()), narrow
+    assert "a.rather.long.task.name.for.the.listing" not in narrow  # it wrapped, within its column
+    wide, loaded = _in_a_terminal({**listed_store, "COLUMNS": "200", "TERM": "xterm"}, "list")
+    assert "rich" not in loaded
     assert "\x1b[1m job_id" in wide and any(long_id in line for line in wide.splitlines())
+    assert "a.rather.long.task.name.for.the.listing" in wide
 
 
-def _in_a_terminal(env: dict[str, str], *args: str) -> str:
-    """What `jobq ARGS` prints to a terminal (a pseudo-terminal: stdout is a TTY)."""
+def _in_a_terminal(env: dict[str, str], *args: str) -> tuple[str, set[str]]:
+    """What `jobq ARGS` prints to a terminal (a pseudo-terminal: stdout is a TTY), and the modules
+    it loaded."""
     import os
     import pty
 
     leader, follower = pty.openpty()
-    code = "import sys; from jobq.cli.main import cli; cli(sys.argv[1:], prog_name='jobq')"
     with subprocess.Popen(
-        [sys.executable, "-c", code, *args], env=env, stdout=follower, stderr=subprocess.PIPE
+        [sys.executable, "-c", PROBE, *args], env=env, stdout=follower, stderr=subprocess.PIPE, text=True
     ) as process:
         os.close(follower)
         chunks = []
@@ -237,7 +245,7 @@ def _in_a_terminal(env: dict[str, str], *args: str) -> str:
         os.close(leader)
         _, err = process.communicate(timeout=60)
     assert process.returncode == 0, err
-    return b"".join(chunks).decode().replace("\r\n", "\n")
+    return b"".join(chunks).decode().replace("\r\n", "\n"), set(json.loads(err.strip().splitlines()[-1]))
 
 
 def _visible(line: str) -> str:
@@ -272,7 +280,8 @@ def test_the_plain_table_is_drawn_as_rich_draws_it(headers: tuple[str, ...], row
         out = io.StringIO()
         Console(file=out, width=width, highlight=False, markup=False).print(t)
         assert draw(headers, rows, width=width, bold=False) == out.getvalue()
-    assert draw(headers, rows, width=natural - 1, bold=False) is None  # rich would fold a column
+    narrower = draw(headers, rows, width=natural - 1, bold=False)  # a column wraps, as in rich
+    assert narrower is not None and {len(line) for line in narrower.splitlines()} == {natural - 1}
 
 
 def test_the_plain_table_bolds_only_the_header_and_leaves_other_text_to_rich() -> None:
@@ -284,3 +293,30 @@ def test_the_plain_table_bolds_only_the_header_and_leaves_other_text_to_rich() -
     assert bold.splitlines()[1] == "┃\x1b[1m a \x1b[0m┃\x1b[1m b \x1b[0m┃"
     for cell in ("café", "名前", "tab\there", "new\nline", "\x1b[31mred"):
         assert draw(("a",), [(cell,)], width=80, bold=False) is None  # rich measures and escapes these
+
+
+_PRINTABLE = st.text(st.characters(min_codepoint=32, max_codepoint=126), max_size=40)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    row=st.lists(_PRINTABLE, min_size=1, max_size=6),
+    whole=st.text(st.characters(min_codepoint=33, max_codepoint=126), min_size=1, max_size=30),
+    width=st.integers(min_value=20, max_value=160),
+)
+def test_a_plain_table_narrower_than_its_text_fits_the_console_keeps_the_id_whole_and_loses_no_text(
+    row: list[str], whole: str, width: int
+) -> None:
+    from jobq.cli.plaintable import draw
+
+    headers = ("job_id", *(f"h{i}" for i in range(len(row))))
+    drawn = draw(headers, [(whole, *row)], width=width, bold=False, whole=0)
+    if drawn is None:  # too narrow for the id and one character of every other column
+        assert max(len(whole), len("job_id")) + len(row) + 3 * len(headers) + 1 > width
+        return
+    lines = drawn.splitlines()
+    assert {len(line) for line in lines} == {len(lines[0])} and len(lines[0]) <= width
+    body = [line.split("│")[1:-1] for line in lines if line.startswith("│")]
+    assert body[0][0].strip() == whole  # the id, whole, on the row's first line
+    for column, text in enumerate((whole, *row)):
+        assert "".join(cells[column] for cells in body).replace(" ", "") == text.replace(" ", "")
