@@ -7,8 +7,8 @@ every other case (another store, a settings file or other `JOBQ_*` variables to 
 a store cannot hold, a file of another schema version, a row the light decoder cannot vouch for),
 it takes the full path: settings, `connect_reader`, `Client`, which also produces every error
 message. Both paths list the same `JobRow`s and print them with the same code, `print_table`,
-which draws the table as rich would without importing rich when it fits the console (rich's
-import alone was a fifth of the command's start-up).
+which draws the table without importing rich (rich's import alone was a fifth of the command's
+start-up).
 """
 
 from __future__ import annotations

@@ -9,10 +9,11 @@ copied with a double click) and narrows the widest of the others, one character 
 it fits; their cells wrap at spaces, and a word longer than its column folds. That is rich's
 approach, though not always its line breaks.
 
-`draw` answers None when it cannot vouch for the output: a character that is not printable ASCII
-(rich measures widths on screen with its own tables), an output encoding other than UTF-8 (rich
-draws an ASCII box), or a console too narrow for the `whole` column and one character of every
-other; the caller then prints through rich.
+`draw` answers None when it cannot vouch for the output (a character that is not printable ASCII,
+whose width on screen rich measures with its own tables, or a console too narrow for the `whole`
+column and one character of every other), and `layout` when rich's styling would not be the
+plain one (an output encoding other than UTF-8, FORCE_COLOR, TTY_COMPATIBLE); the caller then
+prints through rich.
 """
 
 from __future__ import annotations
