@@ -83,6 +83,8 @@ def _wrapped(text: str, width: int) -> list[str]:
     a longer word folded (a timestamp folds as rich folds it, not at its hyphens)."""
     if len(text) <= width:
         return [text]
+    if " " not in text:  # one word (an id, a timestamp, a task name): folded, as textwrap would
+        return [text[at : at + width] for at in range(0, len(text), width)]
     import textwrap
 
     return textwrap.wrap(text, width, break_long_words=True, break_on_hyphens=False) or [""]
