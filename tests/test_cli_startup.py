@@ -155,8 +155,8 @@ def _as_rich_draws(job_ids: list[str], names: list[str], statuses: list[str]) ->
 
 
 def test_jobq_list_and_help_print_without_loading_rich(listed_store: dict[str, str]) -> None:
-    """rich (~30 ms of imports) loads only for what needs it: not `jobq --help`, not a `jobq list`
-    whose table fits the console."""
+    """rich (~30 ms of imports) loads only for what needs it: not `jobq --help`, and not `jobq list`,
+    whose table jobq.cli.plaintable draws."""
     for args in (["--help"], ["list"], ["list", "--status", "paused", "--task", "t.other"], ["list", "--help"]):
         out, loaded = _probe(listed_store, *args)
         assert out, args
