@@ -7,19 +7,19 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
 
+from jobq.cli.plaintable import PIPED_WIDTH, draw, layout
 from jobq.errors import JobqError
 
 if TYPE_CHECKING:  # imported where used, so `jobq --help` and light commands start fast
     from pydantic import ValidationError
+    from rich.console import Console
+    from rich.table import Table
 
     from jobq.app import App
     from jobq.deployment import Deployment
@@ -31,15 +31,55 @@ F = TypeVar("F", bound=Callable[..., Any])
 EXIT_USAGE = 2
 SYNC_ATTEMPTS = 8  # about a minute and a half of backoff
 
-# Piped output (scripts, logs) gets whole values: rich would otherwise assume 80 columns.
-# Output is data (task names, error texts, hints such as `pip install 'jobq[api]'`): neither console
-# reads rich markup, so brackets print as they are; styles are given as `Text` styles instead.
-console = Console(highlight=False, markup=False, width=None if sys.stdout.isatty() else 240)
-err_console = Console(stderr=True, highlight=False, markup=False, width=None if sys.stderr.isatty() else 240)
+if TYPE_CHECKING:  # made on first use by __getattr__ below
+    console: Console
+    err_console: Console
+
+
+def __getattr__(name: str) -> Console:
+    """`console` and `err_console`, the rich consoles, made on first use: importing rich costs about
+    30 ms, and `jobq --help` and `jobq list` print without it (`print_table`)."""
+    if name not in ("console", "err_console"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return _rich_console(name)
+
+
+def _rich_console(name: str) -> Console:
+    """The console `name` (this module's own code reaches it here: `__getattr__` serves only
+    other modules). Piped output (scripts, logs) gets whole values: rich would otherwise assume
+    80 columns. Output is data (task names, error texts, hints such as `pip install 'jobq[api]'`):
+    neither console reads rich markup, so brackets print as they are; styles are given as `Text`
+    styles instead."""
+    made: Console | None = globals().get(name)
+    if made is None:
+        from rich.console import Console
+
+        stderr = name == "err_console"
+        terminal = (sys.stderr if stderr else sys.stdout).isatty()
+        made = Console(stderr=stderr, highlight=False, markup=False, width=None if terminal else PIPED_WIDTH)
+        globals()[name] = made
+    return made
+
+
+def print_table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, whole: int = 0) -> None:
+    """Print a table as `table()` would, column `whole` never wrapped (ids are copied with a double
+    click). Drawn without rich when its text is plain ASCII (`jobq.cli.plaintable`)."""
+    shape = layout(sys.stdout)
+    drawn = draw(headers, rows, width=shape[0], bold=shape[1], whole=whole) if shape else None
+    if drawn is not None:
+        click.echo(drawn, nl=False)
+        return
+    t = table(*headers)
+    for row in rows:
+        t.add_row(*row)
+    keep_whole(t, whole, [row[whole] for row in rows])
+    _rich_console("console").print(t)
 
 
 def table(*columns: str) -> Table:
     """A table whose cells wrap rather than end in an ellipsis: ids must stay copyable."""
+    from rich.table import Table
+
     t = Table(*columns)
     for column in t.columns:
         column.overflow = "fold"
@@ -66,7 +106,9 @@ def clip(text: str | None, limit: int) -> str:
 
 def fail(message: str) -> NoReturn:
     """Print one line to stderr and exit 2: the CLI's only error path for bad input."""
-    err_console.print(Text.assemble(("error:", "bold red"), " ", message), soft_wrap=True)
+    from rich.text import Text
+
+    _rich_console("err_console").print(Text.assemble(("error:", "bold red"), " ", message), soft_wrap=True)
     raise SystemExit(EXIT_USAGE)
 
 
@@ -196,10 +238,14 @@ def sync_schedules(specs: tuple[str, ...], d: Deployment) -> None:
             except JobqError as exc:
                 if not exc.retryable or attempt == SYNC_ATTEMPTS - 1:
                     raise
-                err_console.print(f"warning: syncing periodic schedules: {exc}; trying again", soft_wrap=True)
+                _rich_console("err_console").print(
+                    f"warning: syncing periodic schedules: {exc}; trying again", soft_wrap=True
+                )
                 time.sleep(min(30.0, 0.5 * 2**attempt))
         if app.schedules or report.paused:
-            err_console.print(f"periodic schedules of app {app.name}: {report.summary()}", soft_wrap=True)
+            _rich_console("err_console").print(
+                f"periodic schedules of app {app.name}: {report.summary()}", soft_wrap=True
+            )
 
 
 def find_apps(specs: tuple[str, ...]) -> list[App]:

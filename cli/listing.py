@@ -6,7 +6,9 @@ client or the store backends (tests/test_cli_startup.py checks which modules sta
 every other case (another store, a settings file or other `JOBQ_*` variables to validate, a filter
 a store cannot hold, a file of another schema version, a row the light decoder cannot vouch for),
 it takes the full path: settings, `connect_reader`, `Client`, which also produces every error
-message. Both paths list the same `JobRow`s and print them with the same code.
+message. Both paths list the same `JobRow`s and print them with the same code, `print_table`,
+which draws the table without importing rich (rich's import alone was a fifth of the command's
+start-up).
 """
 
 from __future__ import annotations
@@ -17,8 +19,7 @@ from typing import Any
 
 import click
 
-from jobq.cli.common import backend_options, console, fail, json_option, load_settings, print_json, reader
-from jobq.cli.common import table as new_table
+from jobq.cli.common import backend_options, fail, json_option, load_settings, print_json, print_table, reader
 from jobq.errors import JobqError
 from jobq.instants import to_iso
 from jobq.joblist import JOB_STATUSES, PRIORITY_RANKS, JobRow, newest_matching
@@ -31,6 +32,7 @@ PAGE = 1000  # jobs per store read when looking for the newest
 # them), so settings made of them alone are valid without validating anything.
 _URL_VARIABLES = frozenset({"JOBQ_STORE", "JOBQ_INDEX", "JOBQ_BROKER", "JOBQ_HISTORY"})
 _DEFAULT_STORE = "sqlite:///jobq.db"  # jobq.settings.Settings.store_url
+COLUMNS = ("job_id", "tenant", "name", "status", "type", "schedule", "priority", "created")
 
 
 @click.command(name="list")
@@ -76,26 +78,28 @@ def list_jobs(
         print_json({"jobs": jobs, "next_cursor": next_cursor})
         return
     if not rows:
-        console.print("no jobs" + (" match" if any((wanted, task, name_prefix, priority, tenant_id)) else ""))
+        click.echo("no jobs" + (" match" if any((wanted, task, name_prefix, priority, tenant_id)) else ""))
         return
-    table = new_table("job_id", "tenant", "name", "status", "type", "schedule", "priority", "created")
+    cells = []
     for row in rows:
         shown = outcomes.get(row.key, row.status)
-        table.add_row(
-            row.job_id,
-            row.tenant_id,
-            row.name,
-            shown if row.corrupt is None else f"{shown} (corrupt: {row.corrupt})",
-            row.schedule_type,
-            row.cron or _iso(row.at_ms),
-            row.priority,
-            _iso(row.created_ms),
+        cells.append(
+            (
+                row.job_id,
+                row.tenant_id,
+                row.name,
+                shown if row.corrupt is None else f"{shown} (corrupt: {row.corrupt})",
+                row.schedule_type,
+                row.cron or _iso(row.at_ms),
+                row.priority,
+                _iso(row.created_ms),
+            )
         )
-    console.print(table)
+    print_table(COLUMNS, cells, whole=0)
     if next_cursor:
-        console.print(f"more: --cursor {next_cursor}")
+        click.echo(f"more: --cursor {next_cursor}")
     if truncated:
-        console.print(f"(the newest among the first {LIST_SCAN} matching jobs: narrow with --status, --task, --name)")
+        click.echo(f"(the newest among the first {LIST_SCAN} matching jobs: narrow with --status, --task, --name)")
 
 
 @dataclasses.dataclass(frozen=True)
