@@ -53,9 +53,10 @@ def connect(settings: Settings, clock: Clock = SYSTEM_CLOCK) -> Deployment:
 def _one_file(store: JobStore, transport: Transport) -> Callable[[], AbstractContextManager[None]] | None:
     """`SqliteDatabase.atomic` when the store and the queue share one SQLite file (the SQLite time
     index always does: it is a view of the store)."""
-    db = getattr(store, "db", None)
+    db: object = getattr(store, "db", None)
     if isinstance(db, SqliteDatabase) and getattr(transport, "database", None) is db:
-        return db.atomic
+        atomic: Callable[[], AbstractContextManager[None]] = db.atomic
+        return atomic
     return None
 
 
