@@ -54,9 +54,9 @@ def _one_file(store: JobStore, transport: Transport) -> Callable[[], AbstractCon
     """`SqliteDatabase.atomic` when the store and the queue share one SQLite file (the SQLite time
     index always does: it is a view of the store)."""
     db: object = getattr(store, "db", None)
-    if isinstance(db, SqliteDatabase) and getattr(transport, "database", None) is db:
-        atomic: Callable[[], AbstractContextManager[None]] = db.atomic
-        return atomic
+    queue_db: object = getattr(transport, "database", None)
+    if queue_db is db and isinstance(db, SqliteDatabase):
+        return db.atomic
     return None
 
 
