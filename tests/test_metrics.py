@@ -1,12 +1,18 @@
 """Specs for the process-local metrics: a histogram's buckets are cumulative when read, whether its
-values were observed one by one or in a batch."""
+values were observed one by one or in a batch; a worker observes every run it starts (in one call
+per start batch and tier)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from harness import Harness
 from hypothesis import given
 from hypothesis import strategies as st
 
-from jobq.metrics import Histogram
+from jobq.app import Task
+from jobq.clock import ManualClock
+from jobq.metrics import METRICS, Histogram
 
 _values = st.lists(st.floats(min_value=0, max_value=1_000, allow_nan=False), max_size=30)
 
@@ -64,3 +70,36 @@ def test_observing_a_batch_reads_the_same_as_observing_its_values_one_by_one(
     for key in expected:
         assert got[key][:-1] == expected[key][:-1]
         assert abs(got[key][-1] - expected[key][-1]) < 1e-6
+
+
+def test_a_worker_observes_the_start_lateness_of_every_run_it_starts_under_its_tier(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    h = Harness("memory", tmp_path, clock)
+    try:
+        h.app.task(name="t.noop")(lambda: None)
+        definition = h.app.registry.get("t.noop")
+        assert definition is not None
+        task = Task(h.app, definition)
+        before = {
+            p: METRICS.start_lateness.snapshot().get((p,), [0.0] * (len(Histogram.BUCKETS) + 2))
+            for p in ("HIGH", "LOW")
+        }
+        for priority in ("HIGH", "HIGH", "LOW"):
+            task.schedule(priority=priority)
+        h.dispatch()
+        h.advance(2)  # every run starts 2 s after it was due
+        worker = h.worker(concurrency=8)
+
+        assert h.work(worker) == 3
+
+        after = METRICS.start_lateness.snapshot()
+        index = Histogram.BUCKETS.index(2.5)  # the first bound at or above 2 s
+        for priority, started in (("HIGH", 2), ("LOW", 1)):
+            grown = [a - b for a, b in zip(after[(priority,)], before[priority], strict=True)]
+            assert grown[-2] == started
+            assert grown[index - 1] == 0 and grown[index] == started
+            assert abs(grown[-1] - 2.0 * started) < 1e-9
+        assert worker.state.take_lateness() == 2_000
+    finally:
+        h.close()
