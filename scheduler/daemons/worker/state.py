@@ -18,7 +18,7 @@ class WorkerState:
     def __init__(self, concurrency: int) -> None:
         self.concurrency = concurrency
         self.lock = threading.RLock()  # re-entrant: `wait` predicates may call the readers below
-        self.changed = threading.Condition(self.lock)  # notified whenever slots free up or outcomes are decided
+        self.changed = threading.Condition(self.lock)  # notified whenever attempts or slots change
         self.held: dict[AttemptKey, Attempt] = {}
         self.lost: set[AttemptKey] = set()  # executions given up on that still occupy a slot
         self.late_ms = 0  # the largest start lateness since the autoscaler last looked
@@ -68,9 +68,9 @@ class WorkerState:
             return sum(1 for a in self.held.values() if a.phase is Phase.EXECUTING)
 
     def add(self, attempts: Iterable[Attempt]) -> None:
-        # No notify: an add only takes slots and starts executions, which no waiter waits for
-        # (free slots, a due outcome write, nothing held, nothing executing); waking them per start
-        # batch cost a lock hand-off each (issue 14).
+        # The one change that notifies nobody: an add only takes slots and starts executions, which
+        # no waiter waits for (free slots, a due outcome write, nothing held, nothing executing);
+        # waking them per start batch cost a lock hand-off each (issue 14).
         with self.lock:
             for attempt in attempts:
                 self.held[attempt.key] = attempt
