@@ -7,8 +7,9 @@ Prometheus text format. Each daemon process exposes its own.
 from __future__ import annotations
 
 import bisect
+import itertools
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
@@ -19,12 +20,12 @@ class Counter:
         self._lock = threading.Lock()
 
     def inc(self, amount: float = 1, **labels: str) -> None:
-        key = tuple(labels.get(n, "") for n in self.labels)
+        key = _key(self.labels, labels)
         with self._lock:
             self._values[key] = self._values.get(key, 0) + amount
 
     def value(self, **labels: str) -> float:
-        key = tuple(labels.get(n, "") for n in self.labels)
+        key = _key(self.labels, labels)
         with self._lock:
             if labels or not self.labels:
                 return self._values.get(key, 0)
@@ -57,12 +58,12 @@ class Gauge:
         self._lock = threading.Lock()
 
     def set(self, value: float, **labels: str) -> None:
-        key = tuple(labels.get(n, "") for n in self.labels)
+        key = _key(self.labels, labels)
         with self._lock:
             self._values[key] = value
 
     def value(self, **labels: str) -> float:
-        key = tuple(labels.get(n, "") for n in self.labels)
+        key = _key(self.labels, labels)
         with self._lock:
             return self._values.get(key, 0)
 
@@ -91,21 +92,33 @@ class Histogram:
 
     def __init__(self, name: str, help_text: str, labels: tuple[str, ...] = ()) -> None:
         self.name, self.help, self.labels = name, help_text, labels
-        self._data: dict[tuple[str, ...], list[float]] = {}  # bucket counts..., count, sum
+        # Per label tuple: the count of each bucket alone (made cumulative when read, so an
+        # observation adds to one bucket, not to every bucket above it), then count and sum.
+        self._data: dict[tuple[str, ...], list[float]] = {}
         self._lock = threading.Lock()
 
     def observe(self, value: float, **labels: str) -> None:
-        key = tuple(labels.get(n, "") for n in self.labels)
-        index = bisect.bisect_left(self.BUCKETS, value)
+        self.observe_many((value,), **labels)
+
+    def observe_many(self, values: Sequence[float], **labels: str) -> None:
+        """Observe each of `values` under the same labels: one lock and one label lookup for a batch."""
+        if not values:
+            return
+        key = _key(self.labels, labels)
         with self._lock:
-            data = self._data.setdefault(key, [0.0] * (len(self.BUCKETS) + 2))
-            for i in range(index, len(self.BUCKETS)):
-                data[i] += 1
-            data[-2] += 1
-            data[-1] += value
+            data = self._data.get(key)
+            if data is None:
+                data = self._data[key] = [0.0] * (len(self.BUCKETS) + 2)
+            bounds = self.BUCKETS
+            for value in values:
+                index = bisect.bisect_left(bounds, value)
+                if index < len(bounds):  # beyond the last bound: counted in +Inf (the count) alone
+                    data[index] += 1
+                data[-2] += 1
+                data[-1] += value
 
     def count(self, **labels: str) -> int:
-        key = tuple(labels.get(n, "") for n in self.labels)
+        key = _key(self.labels, labels)
         with self._lock:
             data = self._data.get(key)
             return int(data[-2]) if data else 0
@@ -113,19 +126,29 @@ class Histogram:
     def snapshot(self) -> dict[tuple[str, ...], list[float]]:
         """Per label tuple: the cumulative count of each bucket of `BUCKETS`, then the count and the sum."""
         with self._lock:
-            return {key: list(data) for key, data in self._data.items()}
+            return {key: self._cumulative(data) for key, data in self._data.items()}
 
     def render(self) -> Iterable[str]:
         yield f"# HELP {self.name} {self.help}"
         yield f"# TYPE {self.name} histogram"
-        with self._lock:
-            items = sorted((k, list(v)) for k, v in self._data.items())
+        items = sorted(self.snapshot().items())
         for key, data in items:
             for bound, count in zip(self.BUCKETS, data, strict=False):
                 yield f"{self.name}_bucket{_labels((*self.labels, 'le'), (*key, f'{bound:g}'))} {count:g}"
             yield f"{self.name}_bucket{_labels((*self.labels, 'le'), (*key, '+Inf'))} {data[-2]:g}"
             yield f"{self.name}_count{_labels(self.labels, key)} {data[-2]:g}"
             yield f"{self.name}_sum{_labels(self.labels, key)} {data[-1]:g}"
+
+    def _cumulative(self, data: list[float]) -> list[float]:
+        out = list(itertools.accumulate(data[: len(self.BUCKETS)]))
+        return [*out, data[-2], data[-1]]
+
+
+def _key(names: tuple[str, ...], labels: dict[str, str]) -> tuple[str, ...]:
+    """The label tuple of `labels` in the metric's order (per event: the one-label case is the common one)."""
+    if len(names) == 1:
+        return (labels.get(names[0], ""),)
+    return tuple([labels.get(n, "") for n in names])
 
 
 def _labels(names: tuple[str, ...], values: tuple[str, ...]) -> str:

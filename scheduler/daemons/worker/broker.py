@@ -35,7 +35,7 @@ class BrokerLane:
         self.transport = transport
         self.background = background
         self.log = logging.getLogger("jobq.worker")
-        self._calls: queue.Queue[_Call | None] = queue.Queue()
+        self._calls: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._idle = threading.Event()
         self._idle.set()

@@ -346,6 +346,8 @@ class Consumer:
         again: list[Delivery] = []
         events = []
         held: list[IndexEntry] = []
+        lateness: dict[str, list[float]] = {}  # start lateness in seconds, by priority
+        earliest_due = now  # of the runs started: the batch's largest lateness is now minus it
         for w, move, run in zip(wanted, moves, results, strict=True):
             if run is None and failed:
                 again.append(w.delivery)  # not applied: the run is where it was, and its message must stay
@@ -359,9 +361,13 @@ class Consumer:
                 continue
             job = jobs.get(run.run_id)
             attempts.append(self._attempt(w, run, job, now))
-            METRICS.start_lateness.observe(max(0, now - run.due_ms) / 1000, priority=run.priority.value)
-            self.state.note_lateness(now - run.due_ms)
+            lateness.setdefault(run.priority.value, []).append(max(0, now - run.due_ms) / 1000)
+            earliest_due = min(earliest_due, run.due_ms)
             events.append(event(run, "STARTED", now, worker=self.worker_id))
+        for priority, values in lateness.items():  # one observation call per tier and batch, not per run
+            METRICS.start_lateness.observe_many(values, priority=priority)
+        if attempts:
+            self.state.note_lateness(now - earliest_due)
         self.state.add(attempts)
         if events:
             self.d.history.record(events)  # before the pool can record an outcome

@@ -90,7 +90,7 @@ def _child_main(conn: Connection, registry: TaskRegistry, options: PoolOptions) 
     if options.child_init is not None:
         options.child_init()
     parent = os.getppid()
-    work: queue.Queue[tuple[Any, ...] | None] = queue.Queue()
+    work: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
 
     def read() -> None:
         """Everything the parent sends: attempts (to the main thread) and flags (set at once)."""
@@ -359,7 +359,7 @@ class PreforkPool:
         self.options = options or PoolOptions()
         self._registry = self.options.registry or TaskRegistry()
         self._zygote = _Zygote(self._registry, self.options)
-        self._work: queue.Queue[tuple[Attempt, Done] | None] = queue.Queue()
+        self._work: queue.SimpleQueue[tuple[Attempt, Done] | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._slots: list[_Slot] = []
         self._stops = 0  # stop markers queued and not yet taken: slots about to end

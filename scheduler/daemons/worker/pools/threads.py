@@ -1,5 +1,10 @@
 """The threads pool: `size` threads take attempts from one queue.
 
+The queue is a `queue.SimpleQueue`: a put is one call into C that wakes one blocked `get`, where a
+`queue.Queue` takes a mutex and runs `Condition.notify` in Python for every attempt handed over
+(issue 14: the hand-off was the worker's hottest function in the profile). Nothing here needs
+`Queue`'s extras (`join`, `task_done`, a bound: the worker never submits more than its free slots).
+
 Python cannot kill a thread: an attempt past its hard time limit is fenced off by the worker
 and its thread is left to return on its own; until then its slot is counted as lost
 (`jobq_worker_slots{state="lost"}`), and the worker reports unhealthy once every slot is lost.
@@ -25,7 +30,7 @@ class ThreadPool:
     name = "threads"
 
     def __init__(self) -> None:
-        self._work: queue.Queue[tuple[Attempt, Done] | None] = queue.Queue()
+        self._work: queue.SimpleQueue[tuple[Attempt, Done] | None] = queue.SimpleQueue()
         self._threads: set[threading.Thread] = set()
         self._stops = 0  # stop markers queued and not yet taken: threads about to end
         self._serial = 0
