@@ -29,6 +29,7 @@ from jobq.ports import CreateRequest, CreateResult, JobQuery, Page, RunQuery
 from jobq.postgresdb import RUN_COLUMNS, PostgresDatabase
 from jobq.records import DECODE_ERRORS, corrupt_job, corrupt_run, decode_tasks, priority_of
 from jobq.registry import Census, DaemonRecord, census_from_rows, decode_daemons, expiring
+from jobq.store.batches import transition_groups
 from jobq.store.memory import job_cursor, parse_run_cursor, refuse_corrupt, run_cursor
 
 if TYPE_CHECKING:
@@ -218,31 +219,6 @@ _COLUMN_TYPES = {
     "handbacks": "integer",
     "attempt_base": "integer",
 }
-
-
-def _groups(transitions: Sequence[Transition]) -> list[list[int]]:
-    """Indexes of `transitions` in groups that one statement can apply: the same shape, and each
-    run at most once. A run's later transitions go to later rounds, so its order is kept."""
-    rounds: list[dict[tuple[Any, ...], list[int]]] = []
-    seen: dict[str, int] = {}
-    for i, t in enumerate(transitions):
-        level = seen.get(t.run_id, -1) + 1
-        seen[t.run_id] = level
-        if level == len(rounds):
-            rounds.append({})
-        shape = (
-            t.expect,
-            t.to_state,
-            t.bump_fence,
-            t.at_ms is None,
-            tuple(sorted(t.changes)),
-            t.expect_fence is None,
-            t.expect_owner is None,
-            t.expect_version is None,
-            t.job_status,
-        )
-        rounds[level].setdefault(shape, []).append(i)
-    return [group for shapes in rounds for group in shapes.values()]
 
 
 _INSERT_TOKEN = (
@@ -699,7 +675,9 @@ class PostgresStore:
         second transition goes into a later round."""
         if not transitions:
             return []
-        statements = [(*self._group_sql([transitions[i] for i in group]), group) for group in _groups(transitions)]
+        statements = [
+            (*self._group_sql([transitions[i] for i in group]), group) for group in transition_groups(transitions)
+        ]
 
         def body(conn: Connection) -> list[Any]:
             # The rows go in sorted by run id; a nested loop over them (the plan for any batch a
