@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Callable, Collection, Iterable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from jobq.errors import (
     Conflict,
@@ -234,7 +234,7 @@ def _run_values(run: Run) -> tuple[Any, ...]:
 
 def run_from_row(row: sqlite3.Row) -> Run:
     """The run in `row`; a corrupt marker when the row does not decode."""
-    data = dict(row)
+    data = dict(zip(row.keys(), row, strict=True))  # a quarter of the cost of dict(row), same dict
     try:
         data["priority"] = priority_of(data["priority"])
         data["dead_letter"] = bool(data["dead_letter"])
@@ -619,12 +619,13 @@ class SqliteStore:
         rows: list[sqlite3.Row | None] = [None] * len(transitions)
         with self.db.write() as conn:
             for group in transition_groups(transitions):
-                batch = [transitions[i] for i in group]
-                sql, values = _transition_statement(batch[0])
-                applied = {
-                    row["run_id"]: row
-                    for row in conn.execute(sql, (json.dumps([values(t) for t in batch]),)).fetchall()
-                }
+                statement = _transition_statement(transitions[group[0]])
+                if len(group) == 1:  # a lone run: its own row needs no JSON to carry it
+                    [i] = group
+                    rows[i] = conn.execute(statement.one, statement.values(transitions[i])).fetchone()
+                    continue
+                values = json.dumps([statement.values(transitions[i]) for i in group])
+                applied = {row["run_id"]: row for row in conn.execute(statement.many, (values,)).fetchall()}
                 for i in group:
                     rows[i] = applied.get(transitions[i].run_id)
             finished = [
@@ -796,45 +797,52 @@ class SqliteStore:
         self.db.close()
 
 
-# A transition batch's statement per shape (`jobq.store.batches.shape`), built once: its SQL and
-# the function that lays out one transition's values in the order of the statement's columns.
-_Statement = tuple[str, Callable[[Transition], list[Any]]]
+class _Statement(NamedTuple):
+    """The UPDATE for transitions of one shape (`jobq.store.batches.shape`), built once per shape.
+
+    `values(t)` lays out one transition's values in the order of the statement's columns: the run
+    id, then what it sets, then what it compares. `one` takes them as its parameters (?1, ?2, ...);
+    `many` takes one parameter, a JSON array of such rows read by `json_each`, joined with the runs
+    by id: a scan of the rows and a primary key lookup of each run. Either way each run is held
+    to its own expected fence, owner and version; RETURNING gives the runs that moved, in no
+    particular order."""
+
+    one: str
+    many: str
+    values: Callable[[Transition], list[Any]]
+
+
 _STATEMENTS: dict[tuple[Any, ...], _Statement] = {}
 
 
 def _transition_statement(t: Transition) -> _Statement:
-    """The UPDATE that applies every transition shaped like `t`; its one parameter is a JSON array
-    with a row per transition (`values(t)`). Each row names its run and carries its own values and
-    conditions, so each run is compared with its own expected fence, owner and version, exactly
-    as one single-row UPDATE per transition would. The plan is a scan of the rows and a primary
-    key lookup of each run; RETURNING gives the runs that moved, in no particular order."""
+    """The statement for transitions shaped like `t` (cached)."""
     key = shape(t)
     found = _STATEMENTS.get(key)
     if found is not None:
         return found
     changed = sorted(t.changes)
+    guards = [("fence", t.expect_fence), ("lease_owner", t.expect_owner), ("version", t.expect_version)]
     columns = ["run_id"]
-    sets = [f"state = '{t.to_state.value}'", "version = r.version + 1"]
-    if t.bump_fence:
-        sets.append("fence = r.fence + 1")
     if t.at_ms is not None:
         columns.append("updated_ms")
-        sets.append("updated_ms = t.updated_ms")
-    for name in changed:  # names are whitelisted by Transition
-        columns.append(name)
-        sets.append(f"{name} = t.{name}")
+    columns += changed  # names are whitelisted by Transition
+    columns += [f"expect_{name}" for name, value in guards if value is not None]
     expected = ", ".join(f"'{s.value}'" for s in sorted(t.expect))
-    where = ["r.run_id = t.run_id", f"r.state IN ({expected})"]
-    guards = [("fence", t.expect_fence), ("lease_owner", t.expect_owner), ("version", t.expect_version)]
-    for name, value in guards:
-        if value is not None:
-            columns.append(f"expect_{name}")
-            where.append(f"r.{name} = t.expect_{name}")
+
+    def update(ref: Callable[[str], str]) -> str:
+        sets = [f"state = '{t.to_state.value}'", "version = r.version + 1"]
+        if t.bump_fence:
+            sets.append("fence = r.fence + 1")
+        sets += [f"{c} = {ref(c)}" for c in columns[1:] if not c.startswith("expect_")]
+        where = [f"r.run_id = {ref('run_id')}", f"r.state IN ({expected})"]
+        where += [f"r.{c.removeprefix('expect_')} = {ref(c)}" for c in columns if c.startswith("expect_")]
+        return f"SET {', '.join(sets)} {{source}}WHERE {' AND '.join(where)} RETURNING *"
+
+    one = "UPDATE jobq_runs AS r " + update(lambda c: f"?{columns.index(c) + 1}").format(source="")
     unpacked = ", ".join(f"json_extract(value, '$[{i}]') AS {c}" for i, c in enumerate(columns))
-    sql = (
-        f"UPDATE jobq_runs AS r SET {', '.join(sets)} FROM (SELECT {unpacked} FROM json_each(?)) AS t "
-        f"WHERE {' AND '.join(where)} RETURNING *"
-    )
+    source = f"FROM (SELECT {unpacked} FROM json_each(?)) AS t "
+    many = "UPDATE jobq_runs AS r " + update(lambda c: f"t.{c}").format(source=source)
     at = t.at_ms is not None
     fence, owner, version = (value is not None for _, value in guards)
 
@@ -857,8 +865,9 @@ def _transition_statement(t: Transition) -> _Statement:
             row.append(t.expect_version)
         return row
 
-    _STATEMENTS[key] = (sql, values)
-    return sql, values
+    statement = _Statement(one, many, values)
+    _STATEMENTS[key] = statement
+    return statement
 
 
 # `_FINISH_JOB` for many jobs at once: (status, at_ms, tenant_id, job_id) per row of a JSON array.
@@ -882,5 +891,8 @@ def _finish_jobs(conn: sqlite3.Connection, finished: Sequence[tuple[str, int | N
     for f in finished:
         if not (type(f[2]) is str and type(f[3]) is str):
             conn.execute(_FINISH_JOB, f)
+    if len(batched) == 1:
+        conn.execute(_FINISH_JOB, batched[0])
+        return
     for group in key_rounds([(f[2], f[3]) for f in batched]):
         conn.execute(_FINISH_JOBS, (json.dumps([batched[i] for i in group]),))

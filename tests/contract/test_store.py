@@ -529,7 +529,7 @@ class TestTransitionBatches:
         store.add_runs([make_run("job_6", state=S.SUCCEEDED, fence=6, lease_owner="w6")])
 
         def done(n: int, fence: int, owner: str, finished_ms: int) -> Transition:
-            changes = {"finished_ms": finished_ms, "last_error": f"e{n}"}
+            changes = {"finished_ms": finished_ms, "last_error": f"e{n}", "result": {"n": n, "s": '"x"'}}
             return Transition(f"job_{n}:{T0}", frozenset({S.RUNNING}), S.SUCCEEDED, fence, changes, expect_owner=owner)
 
         out = store.transition(
@@ -562,6 +562,7 @@ class TestTransitionBatches:
             (S.SUCCEEDED, 0),
         ]
         assert stored[f"job_2:{T0}"].finished_ms is None and stored[f"job_4:{T0}"].last_error is None
+        assert [stored[f"job_{n}:{T0}"].result for n in (1, 3, 5)] == [{"n": n, "s": '"x"'} for n in (1, 3, 5)]
 
     def test_a_batch_mixing_shapes_applies_each_and_reports_in_the_order_given(self, store: JobStore) -> None:
         store.add_runs([make_run(f"job_{n}", state=S.CLAIMED, fence=1) for n in range(1, 5)])
