@@ -202,6 +202,11 @@ _FINISH_JOBS = (
     "AND j.status IN ('ACTIVE', 'COMPLETED')) "
     "SELECT * FROM moved"
 )
+# `SET LOCAL` of three settings in one statement (one round of parse, bind and execute, not three).
+_PLAN_FOR_BATCHES = (
+    "SELECT set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true), "
+    "set_config('plan_cache_mode', 'force_generic_plan', true)"
+)
 _COLUMN_TYPES = {
     "attempt": "integer",
     "due_ms": "bigint",
@@ -684,13 +689,11 @@ class PostgresStore:
             # daemon sends) locks runs in that order. Ruling out hash and merge joins for this
             # transaction makes that the only plan, so every batch locks in one order and two
             # batches cannot deadlock. Planning cost is unchanged: it is the plan chosen anyway.
-            conn.execute("SET LOCAL enable_hashjoin = off")
-            conn.execute("SET LOCAL enable_mergejoin = off")
             # psycopg prepares a statement run often; PostgreSQL would still plan it again at every
             # execution (an array parameter's estimate makes the generic plan look dearer than a
             # custom one), a third of a millisecond of the server's CPU per statement. The generic
             # plan is that same nested loop (no condition compares a run with a constant).
-            conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+            conn.execute(_PLAN_FOR_BATCHES)
             return [conn.execute(sql, params) for sql, params, _ in statements]
 
         # Pipelined: BEGIN, the statements and COMMIT go out together and the rows are read once
