@@ -846,23 +846,23 @@ def _transition_statement(t: Transition) -> _Statement:
     at = t.at_ms is not None
     fence, owner, version = (value is not None for _, value in guards)
 
-    def values(t: Transition) -> list[Any]:
-        row: list[Any] = [t.run_id]
+    def values(move: Transition) -> list[Any]:
+        row: list[Any] = [move.run_id]
         if at:
-            row.append(t.at_ms)
+            row.append(move.at_ms)
         for name in changed:
-            value = t.changes[name]
+            value = move.changes[name]
             if name == "result":
                 value = None if value is None else json.dumps(value)
             elif name == "dead_letter":
                 value = int(value)
             row.append(value)
         if fence:
-            row.append(t.expect_fence)
+            row.append(move.expect_fence)
         if owner:
-            row.append(t.expect_owner)
+            row.append(move.expect_owner)
         if version:
-            row.append(t.expect_version)
+            row.append(move.expect_version)
         return row
 
     statement = _Statement(one, many, values)

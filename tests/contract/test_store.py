@@ -437,6 +437,35 @@ class TestTaskCatalogue:
         assert store.task_catalogue([]) == {}
 
 
+def test_a_sqlite_run_whose_job_key_is_not_text_moves_in_a_batch_that_finishes_jobs(tmp_path: Path) -> None:
+    """A hand-made row with a blob for its job id (which no JSON array can carry) is finished
+    beside healthy runs, and read back as a corrupt marker; the healthy runs' jobs complete."""
+    store = SqliteStore(SqliteDatabase(tmp_path / "store.db"))
+    for n in (1, 2):
+        store.create_job(make_job(f"job_{n}"), [make_run(f"job_{n}", state=S.RUNNING, fence=1)])
+    odd = make_run("odd", state=S.RUNNING, fence=1)
+    with store.db.write() as conn:
+        conn.execute(
+            "INSERT INTO jobq_runs (run_id, job_id, tenant_id, nominal_ms, due_ms, priority, state, attempt, "
+            "fence, version, created_ms, updated_ms) VALUES (?, X'00ff', 'default', ?, ?, 2, 'RUNNING', 0, 1, 0, ?, ?)",
+            (odd.run_id, T0, T0, T0, T0),
+        )
+    out = store.transition(
+        [
+            Transition(run_id, frozenset({S.RUNNING}), S.SUCCEEDED, 1, at_ms=T0 + 5, job_status=JobStatus.COMPLETED)
+            for run_id in (f"job_1:{T0}", odd.run_id, f"job_2:{T0}")
+        ]
+    )
+    assert [None if r is None else (r.state, r.corrupt is None) for r in out] == [
+        (S.SUCCEEDED, True),
+        (S.SUCCEEDED, False),
+        (S.SUCCEEDED, True),
+    ]
+    jobs = store.get_jobs([key("job_1"), key("job_2")])
+    assert [jobs[key(f"job_{n}")].status for n in (1, 2)] == [JobStatus.COMPLETED, JobStatus.COMPLETED]
+    store.close()
+
+
 def test_sqlite_store_persists_across_reopening(tmp_path: Path) -> None:
     first = SqliteStore(SqliteDatabase(tmp_path / "s.db"))
     first.create_job(make_job("job_1"), [make_run("job_1")])
