@@ -345,6 +345,52 @@ class TestStore:
         assert "jobq_runs_pkey" in text and "Join Filter" not in text, text
         assert all(store.transition(moves))
 
+    def test_transition_batches_are_not_planned_again_at_every_batch(
+        self, open_store: Callable[..., PostgresStore], schema_url: Callable[..., str]
+    ) -> None:
+        # psycopg prepares a statement from its sixth execution on; PostgreSQL then still plans it
+        # afresh at every execution (a custom plan) unless a generic plan is as cheap, which an
+        # array parameter's estimate never is: planning was most of the server's CPU for a small
+        # batch. One connection, so every batch below runs on the connection that is looked at.
+        store = open_store(schema_url(pool_max=1, pool_min=1))
+        runs = due_runs(40, state=S.RUNNING, fence=1)
+        store.add_runs(runs)
+        for i in range(0, 40, 2):
+            moves = [Transition(r.run_id, frozenset({S.RUNNING}), S.RUNNING, 1, {"last_heartbeat_ms": i}) for r in runs]
+            assert all(store.transition(moves[i : i + 2]))
+        [plans] = execute(
+            store,
+            "SELECT sum(generic_plans) AS generic, sum(custom_plans) AS custom FROM pg_prepared_statements "
+            "WHERE statement LIKE 'WITH t AS (SELECT * FROM unnest(%%'",
+        )
+        assert (plans["generic"], plans["custom"]) == (15, 0)
+
+    def test_the_generic_plan_of_a_batch_reaches_its_runs_by_primary_key(self, store: PostgresStore) -> None:
+        # The plan every execution uses once the statement is prepared, with statistics that say
+        # no run is CLAIMED (as in the test above): a nested loop over the batch's rows, each run
+        # looked up by its id. The parameters are NULL: a generic plan does not depend on them.
+        runs = due_runs(2000)
+        store.add_runs(runs)
+        store.analyze()
+        claimed = store.claim([r.run_id for r in runs[:500]], T0, "scanner", 30_000)
+        moves = [
+            Transition(r.run_id, frozenset({S.CLAIMED}), S.DISPATCHED, r.fence, {"dispatched_ms": T0}, at_ms=T0)
+            for r in claimed
+        ]
+        sql, params = store._group_sql(moves)
+        with store.db.connection() as conn, conn.transaction(force_rollback=True):
+            conn.execute("SET LOCAL enable_hashjoin = off")
+            conn.execute("SET LOCAL enable_mergejoin = off")
+            conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+            conn.execute(sql, params, prepare=True)
+            prepared = conn.execute(
+                "SELECT name, parameter_types FROM pg_prepared_statements WHERE statement LIKE 'WITH t AS%'"
+            ).fetchone()
+            nulls = ", ".join("NULL" for _ in prepared["parameter_types"])
+            rows = conn.execute(f"EXPLAIN (COSTS OFF) EXECUTE {prepared['name']}({nulls})").fetchall()
+        text = "\n".join(str(r["QUERY PLAN"]) for r in rows)
+        assert "Nested Loop" in text and "jobq_runs_pkey" in text and "Join Filter" not in text, text
+
     def test_concurrent_requests_with_one_idempotency_key_create_one_job(self, store: PostgresStore) -> None:
         def record(job_id: str) -> IdempotencyRecord:
             return IdempotencyRecord(

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Collection, Iterable, Sequence
-from typing import Any
+from collections.abc import Callable, Collection, Iterable, Sequence
+from typing import Any, NamedTuple
 
 from jobq.errors import (
     Conflict,
@@ -46,6 +46,7 @@ from jobq.records import DECODE_ERRORS, corrupt_job, corrupt_run, decode_tasks, 
 from jobq.registry import Census, DaemonRecord, census_from_rows, decode_daemons, expiring
 from jobq.sharding import job_shard
 from jobq.sqlitedb import SqliteDatabase, placeholders
+from jobq.store.batches import key_rounds, shape, transition_groups
 from jobq.store.memory import job_cursor, parse_run_cursor, refuse_corrupt, run_cursor
 from jobq.store.sqlite_listing import JOB_COLUMNS, job_list_sql
 
@@ -233,7 +234,7 @@ def _run_values(run: Run) -> tuple[Any, ...]:
 
 def run_from_row(row: sqlite3.Row) -> Run:
     """The run in `row`; a corrupt marker when the row does not decode."""
-    data = dict(row)
+    data = dict(zip(row.keys(), row, strict=True))  # a quarter of the cost of dict(row), same dict
     try:
         data["priority"] = priority_of(data["priority"])
         data["dead_letter"] = bool(data["dead_letter"])
@@ -610,16 +611,31 @@ class SqliteStore:
         return claimed
 
     def transition(self, transitions: Sequence[Transition]) -> list[Run | None]:
+        """One UPDATE per group of same-shaped transitions (the per-row values as one JSON array
+        read by `json_each`) and one for the jobs they finish, in one transaction. A run named
+        twice in one batch keeps its order: its second transition goes into a later round."""
         if not transitions:
             return []
-        out: list[Run | None] = []
+        rows: list[sqlite3.Row | None] = [None] * len(transitions)
         with self.db.write() as conn:
-            for t in transitions:
-                row = conn.execute(*_transition_sql(t)).fetchone()
-                out.append(None if row is None else run_from_row(row))
-                if row is not None and t.job_status is not None:
-                    conn.execute(_FINISH_JOB, (t.job_status.value, t.at_ms, row["tenant_id"], row["job_id"]))
-        return out
+            for group in transition_groups(transitions):
+                statement = _transition_statement(transitions[group[0]])
+                if len(group) == 1:  # a lone run: its own row needs no JSON to carry it
+                    [i] = group
+                    rows[i] = conn.execute(statement.one, statement.values(transitions[i])).fetchone()
+                    continue
+                values = json.dumps([statement.values(transitions[i]) for i in group])
+                applied = {row["run_id"]: row for row in conn.execute(statement.many, (values,)).fetchall()}
+                for i in group:
+                    rows[i] = applied.get(transitions[i].run_id)
+            finished = [
+                (t.job_status.value, t.at_ms, row["tenant_id"], row["job_id"])
+                for t, row in zip(transitions, rows, strict=True)
+                if row is not None and t.job_status is not None
+            ]
+            if finished:
+                _finish_jobs(conn, finished)
+        return [None if row is None else run_from_row(row) for row in rows]
 
     def expired_leases(self, now_ms: int, limit: int) -> list[Run]:
         rows = self.db.read(
@@ -781,32 +797,102 @@ class SqliteStore:
         self.db.close()
 
 
-def _transition_sql(t: Transition) -> tuple[str, list[Any]]:
-    sets = ["state = ?", "version = version + 1"]
-    params: list[Any] = [t.to_state.value]
-    if t.bump_fence:
-        sets.append("fence = fence + 1")
+class _Statement(NamedTuple):
+    """The UPDATE for transitions of one shape (`jobq.store.batches.shape`), built once per shape.
+
+    `values(t)` lays out one transition's values in the order of the statement's columns: the run
+    id, then what it sets, then what it compares. `one` takes them as its parameters (?1, ?2, ...);
+    `many` takes one parameter, a JSON array of such rows read by `json_each`, joined with the runs
+    by id: a scan of the rows and a primary key lookup of each run. Either way each run is held
+    to its own expected fence, owner and version; RETURNING gives the runs that moved, in no
+    particular order."""
+
+    one: str
+    many: str
+    values: Callable[[Transition], list[Any]]
+
+
+_STATEMENTS: dict[tuple[Any, ...], _Statement] = {}
+
+
+def _transition_statement(t: Transition) -> _Statement:
+    """The statement for transitions shaped like `t` (cached)."""
+    key = shape(t)
+    found = _STATEMENTS.get(key)
+    if found is not None:
+        return found
+    changed = sorted(t.changes)
+    guards = [("fence", t.expect_fence), ("lease_owner", t.expect_owner), ("version", t.expect_version)]
+    columns = ["run_id"]
     if t.at_ms is not None:
-        sets.append("updated_ms = ?")
-        params.append(t.at_ms)
-    for name, value in t.changes.items():
-        sets.append(f"{name} = ?")  # names are whitelisted by Transition
-        if name == "result":
-            params.append(None if value is None else json.dumps(value))
-        elif name == "dead_letter":
-            params.append(int(value))
-        else:
-            params.append(value)
-    where = [f"run_id = ? AND state IN ({placeholders(len(t.expect))})"]
-    params.append(t.run_id)
-    params.extend(s.value for s in t.expect)
-    if t.expect_fence is not None:
-        where.append("fence = ?")
-        params.append(t.expect_fence)
-    if t.expect_owner is not None:
-        where.append("lease_owner = ?")
-        params.append(t.expect_owner)
-    if t.expect_version is not None:
-        where.append("version = ?")
-        params.append(t.expect_version)
-    return f"UPDATE jobq_runs SET {', '.join(sets)} WHERE {' AND '.join(where)} RETURNING *", params
+        columns.append("updated_ms")
+    columns += changed  # names are whitelisted by Transition
+    columns += [f"expect_{name}" for name, value in guards if value is not None]
+    expected = ", ".join(f"'{s.value}'" for s in sorted(t.expect))
+
+    def update(ref: Callable[[str], str]) -> str:
+        sets = [f"state = '{t.to_state.value}'", "version = r.version + 1"]
+        if t.bump_fence:
+            sets.append("fence = r.fence + 1")
+        sets += [f"{c} = {ref(c)}" for c in columns[1:] if not c.startswith("expect_")]
+        where = [f"r.run_id = {ref('run_id')}", f"r.state IN ({expected})"]
+        where += [f"r.{c.removeprefix('expect_')} = {ref(c)}" for c in columns if c.startswith("expect_")]
+        return f"SET {', '.join(sets)} {{source}}WHERE {' AND '.join(where)} RETURNING *"
+
+    one = "UPDATE jobq_runs AS r " + update(lambda c: f"?{columns.index(c) + 1}").format(source="")
+    unpacked = ", ".join(f"json_extract(value, '$[{i}]') AS {c}" for i, c in enumerate(columns))
+    source = f"FROM (SELECT {unpacked} FROM json_each(?)) AS t "
+    many = "UPDATE jobq_runs AS r " + update(lambda c: f"t.{c}").format(source=source)
+    at = t.at_ms is not None
+    fence, owner, version = (value is not None for _, value in guards)
+
+    def values(move: Transition) -> list[Any]:
+        row: list[Any] = [move.run_id]
+        if at:
+            row.append(move.at_ms)
+        for name in changed:
+            value = move.changes[name]
+            if name == "result":
+                value = None if value is None else json.dumps(value)
+            elif name == "dead_letter":
+                value = int(value)
+            row.append(value)
+        if fence:
+            row.append(move.expect_fence)
+        if owner:
+            row.append(move.expect_owner)
+        if version:
+            row.append(move.expect_version)
+        return row
+
+    statement = _Statement(one, many, values)
+    _STATEMENTS[key] = statement
+    return statement
+
+
+# `_FINISH_JOB` for many jobs at once: (status, at_ms, tenant_id, job_id) per row of a JSON array.
+_FINISH_JOBS = """
+UPDATE jobq_jobs AS j SET status = t.status, version = j.version + 1,
+    doc = CASE WHEN NOT json_valid(j.doc) THEN j.doc WHEN json_type(j.doc) <> 'object' THEN j.doc
+               ELSE json_set(j.doc, '$.status', t.status, '$.version', j.version + 1,
+                             '$.updated_ms', coalesce(t.at_ms, json_extract(j.doc, '$.updated_ms'))) END
+FROM (SELECT json_extract(value, '$[0]') AS status, json_extract(value, '$[1]') AS at_ms,
+             json_extract(value, '$[2]') AS tenant_id, json_extract(value, '$[3]') AS job_id
+      FROM json_each(?)) AS t
+WHERE j.tenant_id = t.tenant_id AND j.job_id = t.job_id AND j.status IN ('ACTIVE', 'COMPLETED')
+"""
+
+
+def _finish_jobs(conn: sqlite3.Connection, finished: Sequence[tuple[str, int | None, Any, Any]]) -> None:
+    """Set each (status, at_ms, tenant_id, job_id)'s job status, in order: a job named twice is
+    written twice, in a later statement. A run row whose key columns are not text (a corrupt row)
+    gets `_FINISH_JOB` on its own, as before."""
+    batched = [f for f in finished if type(f[2]) is str and type(f[3]) is str]
+    for f in finished:
+        if not (type(f[2]) is str and type(f[3]) is str):
+            conn.execute(_FINISH_JOB, f)
+    if len(batched) == 1:
+        conn.execute(_FINISH_JOB, batched[0])
+        return
+    for group in key_rounds([(f[2], f[3]) for f in batched]):
+        conn.execute(_FINISH_JOBS, (json.dumps([batched[i] for i in group]),))

@@ -437,6 +437,35 @@ class TestTaskCatalogue:
         assert store.task_catalogue([]) == {}
 
 
+def test_a_sqlite_run_whose_job_key_is_not_text_moves_in_a_batch_that_finishes_jobs(tmp_path: Path) -> None:
+    """A hand-made row with a blob for its job id (which no JSON array can carry) is finished
+    beside healthy runs, and read back as a corrupt marker; the healthy runs' jobs complete."""
+    store = SqliteStore(SqliteDatabase(tmp_path / "store.db"))
+    for n in (1, 2):
+        store.create_job(make_job(f"job_{n}"), [make_run(f"job_{n}", state=S.RUNNING, fence=1)])
+    odd = make_run("odd", state=S.RUNNING, fence=1)
+    with store.db.write() as conn:
+        conn.execute(
+            "INSERT INTO jobq_runs (run_id, job_id, tenant_id, nominal_ms, due_ms, priority, state, attempt, "
+            "fence, version, created_ms, updated_ms) VALUES (?, X'00ff', 'default', ?, ?, 2, 'RUNNING', 0, 1, 0, ?, ?)",
+            (odd.run_id, T0, T0, T0, T0),
+        )
+    out = store.transition(
+        [
+            Transition(run_id, frozenset({S.RUNNING}), S.SUCCEEDED, 1, at_ms=T0 + 5, job_status=JobStatus.COMPLETED)
+            for run_id in (f"job_1:{T0}", odd.run_id, f"job_2:{T0}")
+        ]
+    )
+    assert [None if r is None else (r.state, r.corrupt is None) for r in out] == [
+        (S.SUCCEEDED, True),
+        (S.SUCCEEDED, False),
+        (S.SUCCEEDED, True),
+    ]
+    jobs = store.get_jobs([key("job_1"), key("job_2")])
+    assert [jobs[key(f"job_{n}")].status for n in (1, 2)] == [JobStatus.COMPLETED, JobStatus.COMPLETED]
+    store.close()
+
+
 def test_sqlite_store_persists_across_reopening(tmp_path: Path) -> None:
     first = SqliteStore(SqliteDatabase(tmp_path / "s.db"))
     first.create_job(make_job("job_1"), [make_run("job_1")])
@@ -519,6 +548,168 @@ def test_a_batch_naming_one_run_twice_applies_both_in_order(store: JobStore) -> 
     )
     assert [r.state if r else None for r in out] == [S.DISPATCHED, S.DISPATCHED, S.RUNNING]
     assert store.get_runs([f"job_1:{T0}"])[f"job_1:{T0}"].version == 2
+
+
+class TestTransitionBatches:
+    """A batch of transitions behaves as if each were applied on its own, in order, in one write."""
+
+    def test_each_transition_in_a_batch_of_one_shape_is_held_to_its_own_conditions(self, store: JobStore) -> None:
+        store.add_runs([make_run(f"job_{n}", state=S.RUNNING, fence=n, lease_owner=f"w{n}") for n in range(1, 6)])
+        store.add_runs([make_run("job_6", state=S.SUCCEEDED, fence=6, lease_owner="w6")])
+
+        def done(n: int, fence: int, owner: str, finished_ms: int) -> Transition:
+            changes = {"finished_ms": finished_ms, "last_error": f"e{n}", "result": {"n": n, "s": '"x"'}}
+            return Transition(f"job_{n}:{T0}", frozenset({S.RUNNING}), S.SUCCEEDED, fence, changes, expect_owner=owner)
+
+        out = store.transition(
+            [
+                done(1, 1, "w1", T0 + 1),  # applies
+                done(2, 9, "w2", T0 + 2),  # another fence
+                done(3, 3, "w3", T0 + 3),  # applies
+                done(4, 4, "w9", T0 + 4),  # another owner
+                done(7, 7, "w7", T0 + 7),  # no such run
+                done(6, 6, "w6", T0 + 6),  # not RUNNING any more
+                done(5, 5, "w5", T0 + 5),  # applies
+            ]
+        )
+        assert [None if r is None else (r.run_id, r.finished_ms, r.last_error) for r in out] == [
+            (f"job_1:{T0}", T0 + 1, "e1"),
+            None,
+            (f"job_3:{T0}", T0 + 3, "e3"),
+            None,
+            None,
+            None,
+            (f"job_5:{T0}", T0 + 5, "e5"),
+        ]
+        stored = store.get_runs([f"job_{n}:{T0}" for n in range(1, 7)])
+        assert [(stored[f"job_{n}:{T0}"].state, stored[f"job_{n}:{T0}"].version) for n in range(1, 7)] == [
+            (S.SUCCEEDED, 1),
+            (S.RUNNING, 0),
+            (S.SUCCEEDED, 1),
+            (S.RUNNING, 0),
+            (S.SUCCEEDED, 1),
+            (S.SUCCEEDED, 0),
+        ]
+        assert stored[f"job_2:{T0}"].finished_ms is None and stored[f"job_4:{T0}"].last_error is None
+        assert [stored[f"job_{n}:{T0}"].result for n in (1, 3, 5)] == [{"n": n, "s": '"x"'} for n in (1, 3, 5)]
+
+    def test_a_batch_mixing_shapes_applies_each_and_reports_in_the_order_given(self, store: JobStore) -> None:
+        store.add_runs([make_run(f"job_{n}", state=S.CLAIMED, fence=1) for n in range(1, 5)])
+        out = store.transition(
+            [
+                Transition(f"job_1:{T0}", frozenset({S.CLAIMED}), S.DISPATCHED, 1, {"dispatched_ms": T0}),
+                Transition(f"job_2:{T0}", frozenset({S.CLAIMED}), S.SCHEDULED, 1, bump_fence=True, at_ms=T0 + 2),
+                Transition(f"job_3:{T0}", frozenset({S.CLAIMED}), S.DISPATCHED, 2, {"dispatched_ms": T0}),
+                Transition(f"job_4:{T0}", frozenset({S.CLAIMED}), S.SCHEDULED, None, bump_fence=True, at_ms=T0 + 4),
+            ]
+        )
+        assert [None if r is None else (r.state, r.fence, r.updated_ms) for r in out] == [
+            (S.DISPATCHED, 1, T0),
+            (S.SCHEDULED, 2, T0 + 2),
+            None,
+            (S.SCHEDULED, 2, T0 + 4),
+        ]
+
+    def test_a_run_named_twice_is_refused_the_second_time_when_the_first_moved_it_on(self, store: JobStore) -> None:
+        store.add_runs([make_run("job_1", state=S.RUNNING, fence=1, lease_owner="w")])
+        done = Transition(f"job_1:{T0}", frozenset({S.RUNNING}), S.SUCCEEDED, 1, {"finished_ms": T0 + 1})
+        again = Transition(f"job_1:{T0}", frozenset({S.RUNNING}), S.SUCCEEDED, 1, {"finished_ms": T0 + 2})
+        out = store.transition([done, again])
+        assert out[0] is not None and out[0].finished_ms == T0 + 1 and out[1] is None
+        stored = store.get_runs([f"job_1:{T0}"])[f"job_1:{T0}"]
+        assert (stored.finished_ms, stored.version) == (T0 + 1, 1)
+
+    def test_a_run_named_twice_sees_the_first_transition_s_fence(self, store: JobStore) -> None:
+        store.add_runs([make_run("job_1", state=S.RUNNING, fence=1)])
+        retry = Transition(f"job_1:{T0}", frozenset({S.RUNNING}), S.SCHEDULED, 1, bump_fence=True)
+        stale = Transition(f"job_1:{T0}", frozenset({S.SCHEDULED}), S.CLAIMED, 1)
+        fresh = Transition(f"job_1:{T0}", frozenset({S.SCHEDULED}), S.CLAIMED, 2, {"lease_owner": "s"})
+        out = store.transition([retry, stale, fresh])
+        assert [None if r is None else (r.state, r.fence, r.version) for r in out] == [
+            (S.SCHEDULED, 2, 1),
+            None,
+            (S.CLAIMED, 2, 2),
+        ]
+
+    def test_final_outcomes_of_several_one_offs_complete_each_job_and_only_theirs(self, store: JobStore) -> None:
+        for n in range(1, 5):
+            store.create_job(make_job(f"job_{n}"), [make_run(f"job_{n}", state=S.RUNNING, fence=1)])
+
+        def done(n: int, fence: int) -> Transition:
+            return Transition(
+                f"job_{n}:{T0}",
+                frozenset({S.RUNNING}),
+                S.SUCCEEDED,
+                fence,
+                at_ms=T0 + n,
+                job_status=JobStatus.COMPLETED,
+            )
+
+        out = store.transition([done(1, 1), done(2, 5), done(3, 1), done(4, 1)])
+        assert [r is not None for r in out] == [True, False, True, True]
+        jobs = store.get_jobs([key(f"job_{n}") for n in range(1, 5)])
+        assert [(j.status, j.version, j.updated_ms) for j in (jobs[key(f"job_{n}")] for n in range(1, 5))] == [
+            (JobStatus.COMPLETED, 1, T0 + 1),
+            (JobStatus.ACTIVE, 0, T0),
+            (JobStatus.COMPLETED, 1, T0 + 3),
+            (JobStatus.COMPLETED, 1, T0 + 4),
+        ]
+
+    def test_two_runs_of_one_job_finishing_in_one_batch_complete_it(self, store: JobStore) -> None:
+        runs = [make_run("job_1", T0, state=S.RUNNING, fence=1), make_run("job_1", T0 + 1, state=S.RUNNING, fence=1)]
+        store.create_job(make_job("job_1"), runs)
+        out = store.transition(
+            [
+                Transition(
+                    r.run_id, frozenset({S.RUNNING}), S.SUCCEEDED, 1, at_ms=T0 + 9, job_status=JobStatus.COMPLETED
+                )
+                for r in runs
+            ]
+        )
+        assert all(r is not None and r.state is S.SUCCEEDED for r in out)
+        job = store.get_jobs([key("job_1")])[key("job_1")]
+        assert (job.status, job.updated_ms) == (JobStatus.COMPLETED, T0 + 9)
+
+    def test_a_run_that_does_not_decode_is_dead_lettered_in_a_batch_beside_healthy_runs(self, store: JobStore) -> None:
+        store.add_runs([make_run("healthy_a", fence=4), make_run("healthy_b", fence=4)])
+        write_poison_run(store, make_run("poison", fence=4))
+        claimed = store.claim([f"healthy_a:{T0}", f"poison:{T0}", f"healthy_b:{T0}"], T0, "scanner", 5000)
+        by_id = {r.run_id: r for r in claimed}
+        assert by_id[f"poison:{T0}"].corrupt is not None
+        dead = Transition(
+            f"poison:{T0}",
+            frozenset({S.CLAIMED}),
+            S.FAILED,
+            None,
+            {"dead_letter": True, "last_error": "Corrupt"},
+            bump_fence=True,
+        )
+
+        def dispatch(run_id: str) -> Transition:
+            return Transition(run_id, frozenset({S.CLAIMED}), S.DISPATCHED, 5, {"dispatched_ms": T0})
+
+        out = store.transition([dispatch(f"healthy_a:{T0}"), dead, dispatch(f"healthy_b:{T0}")])
+        assert [None if r is None else (r.state, r.corrupt is None) for r in out] == [
+            (S.DISPATCHED, True),
+            (S.FAILED, False),
+            (S.DISPATCHED, True),
+        ]
+        assert out[1] is not None and (out[1].dead_letter, out[1].last_error, out[1].fence) == (True, "Corrupt", 6)
+        assert [r.run_id for r in store.list_runs(RunQuery(dead_letter=True)).items] == [f"poison:{T0}"]
+
+    def test_a_corrupt_run_in_a_batch_of_one_shape_moves_like_the_others(self, store: JobStore) -> None:
+        store.add_runs([make_run("healthy", state=S.RUNNING, fence=2)])
+        write_poison_run(store, make_run("poison", state=S.RUNNING, fence=2))
+        out = store.transition(
+            [
+                Transition(run_id, frozenset({S.RUNNING}), S.SCHEDULED, 2, bump_fence=True, at_ms=T0 + 1)
+                for run_id in (f"poison:{T0}", f"healthy:{T0}")
+            ]
+        )
+        assert [None if r is None else (r.run_id, r.state, r.fence, r.corrupt is None) for r in out] == [
+            (f"poison:{T0}", S.SCHEDULED, 3, False),
+            (f"healthy:{T0}", S.SCHEDULED, 3, True),
+        ]
 
 
 def test_create_jobs_writes_a_batch_and_skips_existing_ids(store: JobStore) -> None:
