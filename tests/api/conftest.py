@@ -8,6 +8,7 @@ from typing import Any
 
 import httpx
 import pytest
+from sqlite_template import fresh_sqlite
 
 from jobq.api.app import create_app
 from jobq.api.ratelimit import RateLimiter
@@ -26,7 +27,7 @@ def make_deployment(tmp_path: Path) -> Iterator[Callable[..., Deployment]]:
     made: list[Deployment] = []
 
     def make(**settings: Any) -> Deployment:
-        url = f"sqlite:///{tmp_path / f'jobq{len(made)}.db'}"
+        url = f"sqlite:///{fresh_sqlite(tmp_path / f'jobq{len(made)}.db')}"
         d = connect(Settings.load({"store": url, "history_flush_s": 0, **settings}, env={}))
         made.append(d)
         return d
