@@ -19,7 +19,7 @@ from jobq.netpolicy import NetPolicy, Resolver
 from jobq.settings import Settings
 from jobq.wiring import connect
 
-from .support import Receiver, Reply, public_resolver, wait_for
+from .support import Receiver, Reply, client_tls, public_resolver, wait_for
 
 
 @pytest.fixture
@@ -55,7 +55,9 @@ class Api:
 
     def client(self, token: str | None = None, **headers: str) -> httpx.Client:
         auth = {"Authorization": f"Bearer {token}"} if token else {}
-        client = httpx.Client(base_url=self.url, headers={**auth, **headers}, timeout=10, trust_env=False)
+        client = httpx.Client(
+            base_url=self.url, headers={**auth, **headers}, timeout=10, trust_env=False, verify=client_tls()
+        )
         self._clients.append(client)
         return client
 
