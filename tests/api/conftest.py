@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -69,6 +70,21 @@ class Api:
             c.close()
 
 
+# API threads told to stop and not yet joined. uvicorn takes 0.1-0.2 s to stop, however idle (its
+# main loop looks every 0.1 s, then it pauses 0.1 s for open connections): a test closes its clients
+# and tells its server to stop, and the server finishes while the next tests run instead of in the
+# test's teardown. Every one is joined, and must have ended, before the session ends.
+_STOPPING: list[threading.Thread] = []
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stopped_servers_end() -> Iterator[None]:
+    yield
+    for thread in _STOPPING:
+        thread.join(15)
+    assert not [t for t in _STOPPING if t.is_alive()], "an API server did not stop within 15 s"
+
+
 @pytest.fixture
 def serve_api() -> Iterator[Callable[..., Api]]:
     """Start the API on a free port: `serve_api(d, resolver=..., limiter=...)`."""
@@ -84,7 +100,8 @@ def serve_api() -> Iterator[Callable[..., Api]]:
         def shutdown() -> None:
             api.close()
             stop.set()
-            thread.join(15)
+            _STOPPING[:] = [t for t in _STOPPING if t.is_alive()]
+            _STOPPING.append(thread)
 
         stops.append(shutdown)
         return api
