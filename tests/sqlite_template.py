@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -22,7 +23,7 @@ from jobq.wiring import connect
 @functools.cache
 def _template() -> Path:
     directory = Path(tempfile.mkdtemp(prefix="jobq-sqlite-template-"))
-    atexit.register(shutil.rmtree, directory, True)
+    atexit.register(_remove, directory, os.getpid())
     path = directory / "jobq.db"
     connect(Settings.load({"store": f"sqlite:///{path}", "history_flush_s": 0}, env={})).close()
     leftovers = sorted(p.name for p in directory.iterdir() if p != path)
@@ -30,10 +31,15 @@ def _template() -> Path:
     return path
 
 
+def _remove(directory: Path, owner_pid: int) -> None:
+    if os.getpid() == owner_pid:  # not from a forked child that inherited the handler
+        shutil.rmtree(directory, ignore_errors=True)
+
+
 def fresh_sqlite(path: Path) -> Path:
-    """Put a new jobq database at `path`, which must not exist yet, and return `path`."""
-    if path.exists():
-        raise FileExistsError(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(_template(), path)
+    """Put a new jobq database at `path` unless one is there (a test that opens its store again),
+    and return `path`."""
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(_template(), path)
     return path
