@@ -79,6 +79,8 @@ SERVICE_FILES = frozenset(
 )
 # What a test or one of its fixtures calls to reach a real server (tests/services.py, tests/moto_server.py).
 SERVICE_CALLS = ("require_postgres(", "require_redis(", "require_rabbitmq(", "shared_moto_server(")
+# Tests that reach a real server through a helper of another module: substrings of their ids.
+SERVICE_TESTS = ("tests/contract/test_registry.py::test_postgres_",)  # test_store's `_postgres`
 # Tests that run for seconds on their own (searches, brute-force oracles, a thousand runs, long
 # simulated scenarios): substrings of their ids.
 LONG_TESTS = (
@@ -132,7 +134,8 @@ def _marks(item: pytest.Item, config: pytest.Config) -> tuple[str, ...]:
     callspec = getattr(item, "callspec", None)
     tokens = set(callspec.id.lower().replace("_", "-").split("-")) if callspec is not None else set()
     local = bool(tokens & LOCAL_PARAMS) and not tokens & SERVICE_PARAMS  # a shared fixture's local cell
-    if path in SERVICE_FILES or tokens & SERVICE_PARAMS or (not local and _calls(item, SERVICE_CALLS)):
+    by_name = any(pattern in item.nodeid for pattern in SERVICE_TESTS)
+    if path in SERVICE_FILES or tokens & SERVICE_PARAMS or by_name or (not local and _calls(item, SERVICE_CALLS)):
         return ("services", "slow")
     spawns = tokens & SPAWNING_PARAMS or _calls(item, SPAWN_CALLS)
     if spawns or any(pattern in item.nodeid for pattern in (*LONG_TESTS, *SPAWNING_TESTS)):

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from sqlite_template import fresh_sqlite
+
 from jobq.app import App
 from jobq.clock import ManualClock
 from jobq.daemons.beat import Beat
@@ -17,7 +19,7 @@ from jobq.wiring import connect
 
 
 def make_deployment(kind: str, tmp_path: Path, clock: ManualClock, **settings: Any) -> Deployment:
-    url = "memory://" if kind == "memory" else f"sqlite:///{tmp_path / 'jobq.db'}"
+    url = "memory://" if kind == "memory" else f"sqlite:///{fresh_sqlite(tmp_path / 'jobq.db')}"
     return connect(Settings.load({"store": url, "history_flush_s": 0, **settings}, env={}), clock)
 
 

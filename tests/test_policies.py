@@ -12,6 +12,7 @@ from harness import Harness
 
 from jobq.clock import ManualClock
 from jobq.codec import Envelope, encode
+from jobq.daemons.worker import daemon as worker_daemon
 from jobq.errors import MissedWindow
 from jobq.metrics import METRICS
 from jobq.models import JobStatus, Priority, RetryPolicy, RunState
@@ -351,6 +352,28 @@ def test_shutdown_hands_back_runs_that_outlive_the_grace_period(tmp_path: Path, 
     finally:
         release.set()
         h.close()
+
+
+def test_shutdown_ends_the_completer_at_once_however_long_its_idle_wait(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An idle completer waits on the worker's state; stopping must wake it, not leave it to sleep
+    # out its wait (shutdown gives each thread 2 s, then leaves it running).
+    monkeypatch.setattr(worker_daemon, "COMPLETER_IDLE_S", 60.0)
+
+    @h.app.task(name="t.noop")
+    def noop() -> None:
+        pass
+
+    noop.delay()
+    worker = h.worker()
+    h.cycle()
+    [completer] = [t for t in worker._threads if t.name == "jobq-completer"]
+    # A moment for the completer to reach its idle wait (were it not there yet, it would see the
+    # stop anyway: the test would prove less, never fail wrongly).
+    worker.state.wait(lambda: False, 0.05)
+    worker.shutdown()
+    assert not completer.is_alive()
 
 
 class _Refused(Exception):

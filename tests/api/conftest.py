@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from sqlite_template import fresh_sqlite
 
 from jobq.api.app import create_app
 from jobq.api.ratelimit import RateLimiter
@@ -18,7 +20,7 @@ from jobq.netpolicy import NetPolicy, Resolver
 from jobq.settings import Settings
 from jobq.wiring import connect
 
-from .support import Receiver, Reply, public_resolver, wait_for
+from .support import Receiver, Reply, client_tls, public_resolver, wait_for
 
 
 @pytest.fixture
@@ -26,7 +28,7 @@ def make_deployment(tmp_path: Path) -> Iterator[Callable[..., Deployment]]:
     made: list[Deployment] = []
 
     def make(**settings: Any) -> Deployment:
-        url = f"sqlite:///{tmp_path / f'jobq{len(made)}.db'}"
+        url = f"sqlite:///{fresh_sqlite(tmp_path / f'jobq{len(made)}.db')}"
         d = connect(Settings.load({"store": url, "history_flush_s": 0, **settings}, env={}))
         made.append(d)
         return d
@@ -54,7 +56,9 @@ class Api:
 
     def client(self, token: str | None = None, **headers: str) -> httpx.Client:
         auth = {"Authorization": f"Bearer {token}"} if token else {}
-        client = httpx.Client(base_url=self.url, headers={**auth, **headers}, timeout=10, trust_env=False)
+        client = httpx.Client(
+            base_url=self.url, headers={**auth, **headers}, timeout=10, trust_env=False, verify=client_tls()
+        )
         self._clients.append(client)
         return client
 
@@ -64,6 +68,21 @@ class Api:
     def close(self) -> None:
         for c in self._clients:
             c.close()
+
+
+# API threads told to stop and not yet joined. uvicorn takes 0.1-0.2 s to stop, however idle (its
+# main loop looks every 0.1 s, then it pauses 0.1 s for open connections): a test closes its clients
+# and tells its server to stop, and the server finishes while the next tests run instead of in the
+# test's teardown. Every one is joined, and must have ended, before the session ends.
+_STOPPING: list[threading.Thread] = []
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stopped_servers_end() -> Iterator[None]:
+    yield
+    for thread in _STOPPING:
+        thread.join(15)
+    assert not [t for t in _STOPPING if t.is_alive()], "an API server did not stop within 15 s"
 
 
 @pytest.fixture
@@ -81,7 +100,8 @@ def serve_api() -> Iterator[Callable[..., Api]]:
         def shutdown() -> None:
             api.close()
             stop.set()
-            thread.join(15)
+            _STOPPING[:] = [t for t in _STOPPING if t.is_alive()]
+            _STOPPING.append(thread)
 
         stops.append(shutdown)
         return api

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -20,6 +22,13 @@ from jobq.webhooks import HttpWebhookCaller
 
 # A public address the fake resolvers answer with; tests never send traffic to it.
 PUBLIC_IP = "93.184.215.14"
+
+
+@functools.cache
+def client_tls() -> ssl.SSLContext:
+    """One TLS context for the tests' HTTP clients: the API and the receivers speak plain HTTP, yet
+    httpx would load the CA bundle for each client it makes (~25 ms each)."""
+    return ssl.create_default_context()
 
 
 def public_resolver(host: str, port: int) -> list[str]:
@@ -125,7 +134,7 @@ def webhook_job(endpoint: str, **fields: Any) -> dict[str, Any]:
     return body
 
 
-def wait_for(predicate: Callable[[], Any], timeout_s: float, what: str, poll_s: float = 0.05) -> Any:
+def wait_for(predicate: Callable[[], Any], timeout_s: float, what: str, poll_s: float = 0.005) -> Any:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         value = predicate()

@@ -24,7 +24,7 @@ from jobq.ui.cronwords import in_words
 from jobq.ui.session import COOKIE, Sessions
 
 from .conftest import Api
-from .support import wait_for
+from .support import client_tls, wait_for
 
 CRON_JOB = {
     "job_name": "nightly-report",
@@ -41,7 +41,9 @@ def _job(d: Deployment, tenant: str = "acme", **fields: Any) -> str:
 
 
 def _browser(api: Api, **headers: str) -> httpx.Client:
-    client = httpx.Client(base_url=api.url, headers=headers, follow_redirects=False, timeout=10, trust_env=False)
+    client = httpx.Client(
+        base_url=api.url, headers=headers, follow_redirects=False, timeout=10, trust_env=False, verify=client_tls()
+    )
     api._clients.append(client)
     return client
 
@@ -145,7 +147,9 @@ def test_a_session_works_on_every_api_process_of_the_deployment(api: Api) -> Non
     thread, stop = second.start_thread()
     try:
         wait_for(lambda: second.started, 10, "the second API process")
-        other = httpx.Client(base_url=second.url, cookies=browser.cookies, follow_redirects=False, trust_env=False)
+        other = httpx.Client(
+            base_url=second.url, cookies=browser.cookies, follow_redirects=False, trust_env=False, verify=client_tls()
+        )
         with other:
             assert other.get("/ui").status_code == 200
     finally:

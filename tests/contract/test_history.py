@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from factories import T0, key
 from moto_server import shared_moto_server
+from sqlite_template import fresh_sqlite
 
 from jobq.clock import ManualClock
 from jobq.history.buffered import BufferedHistory
@@ -106,8 +107,10 @@ def _firehose(tmp_path: Path) -> HistorySink:
 
 SINKS: dict[str, Callable[[Path], HistorySink]] = {
     "memory": lambda tmp: MemoryHistory(),
-    "sqlite": lambda tmp: SqliteHistory(SqliteDatabase(tmp / "history.db")),
-    "sqlite-buffered": lambda tmp: BufferedHistory(SqliteHistory(SqliteDatabase(tmp / "history.db")), interval_s=60),
+    "sqlite": lambda tmp: SqliteHistory(SqliteDatabase(fresh_sqlite(tmp / "history.db"))),
+    "sqlite-buffered": lambda tmp: BufferedHistory(
+        SqliteHistory(SqliteDatabase(fresh_sqlite(tmp / "history.db"))), interval_s=60
+    ),
     "postgres": _postgres,
     "s3": _s3,
     "firehose": _firehose,

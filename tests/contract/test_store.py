@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from factories import T0, key, make_job, make_run
+from sqlite_template import fresh_sqlite
 
 from jobq.errors import Conflict, DuplicateJob, IdempotencyConflict, JobNotFound
 from jobq.models import IdempotencyRecord, Job, JobStatus, Priority, RetryPolicy, RunState, TaskInfo, Transition
@@ -27,7 +28,7 @@ def _memory(tmp_path: Path) -> JobStore:
 
 
 def _sqlite(tmp_path: Path) -> JobStore:
-    return SqliteStore(SqliteDatabase(tmp_path / "store.db"))
+    return SqliteStore(SqliteDatabase(fresh_sqlite(tmp_path / "store.db")))
 
 
 def _postgres(tmp_path: Path) -> JobStore:

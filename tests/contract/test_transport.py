@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from moto_server import shared_moto_server
 from services import require_rabbitmq, require_redis, unavailable
+from sqlite_template import fresh_sqlite
 
 from jobq.ports import Delivery, QueueDepth, Transport
 from jobq.sqlitedb import SqliteDatabase
@@ -41,7 +42,7 @@ def memory_backend(tmp_path: Path, visibility_timeout_s: float) -> Iterator[Tran
 
 @contextlib.contextmanager
 def sqlite_backend(tmp_path: Path, visibility_timeout_s: float) -> Iterator[Transport]:
-    db = SqliteDatabase(tmp_path / "jobq.db")
+    db = SqliteDatabase(fresh_sqlite(tmp_path / "jobq.db"))
     transport = SqliteTransport(db, visibility_timeout_s=visibility_timeout_s)
     yield transport
     transport.close()

@@ -35,6 +35,7 @@ REFILL_WAIT_S = 0.005  # how long a busy worker waits for half its slots before 
 DRAIN_S = 10.0  # at shutdown, how long outcomes may take to become durable before the leases are left to expire
 UNHEALTHY_AFTER_S = 60.0  # outcome writes failing this long, or every slot lost, turn /healthz red
 AUTOSCALE_TICK_S = 0.5  # how often the autoscaler reads the backlog (one broker call per queue)
+COMPLETER_IDLE_S = 0.2  # the completer's longest wait with nothing to write; any change to the state wakes it
 
 
 POOL_SIZE = Gauge("jobq_worker_pool_size", "Tasks the worker's pool runs at once (changes with --autoscale).")
@@ -290,7 +291,7 @@ class Worker(Daemon):
             if done:
                 continue
             next_ms = self.state.next_write_ms()
-            timeout_s = 0.2 if next_ms is None else min(0.2, max(0.0, (next_ms - now) / 1000))
+            timeout_s = COMPLETER_IDLE_S if next_ms is None else min(COMPLETER_IDLE_S, max(0.0, (next_ms - now) / 1000))
             self.state.wait(self._write_due, timeout_s)
             if self.state.executing() > 0:
                 time.sleep(COMPLETE_GATHER_S)
@@ -385,6 +386,7 @@ class Worker(Daemon):
             while self.completer.complete(self.clock.now_ms()):
                 pass
         self._stopping.set()
+        self.state.wake()  # the completer waits on the state, not on `_stopping`
         for thread in self._threads:
             thread.join(timeout=2)
         if not self.lane.drain(DRAIN_S):

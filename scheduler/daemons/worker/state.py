@@ -133,6 +133,12 @@ class WorkerState:
                     del self.held[attempt.key]
             self.changed.notify_all()
 
+    def wake(self) -> None:
+        """Make every waiter look at its predicate again now: for a change the state does not
+        see itself (the worker stopping), so no loop sleeps out its idle wait first."""
+        with self.changed:
+            self.changed.notify_all()
+
     def wait(self, predicate: Callable[[], bool], timeout_s: float) -> bool:
         """Block until `predicate()` (evaluated under the lock) holds; False on timeout."""
         with self.changed:
