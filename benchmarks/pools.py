@@ -146,9 +146,13 @@ def _lines(path: Path) -> int:
 
 
 def cpu(args: argparse.Namespace) -> list[dict[str, Any]]:
-    return [
-        row(f"spin, {pool} -c 2", bench(args.stack, pool, 2, SPIN, args.runs, [])) for pool in ("threads", "prefork")
-    ]
+    out = []
+    for pool in ("threads", "prefork"):
+        result = bench(args.stack, pool, 2, SPIN, args.runs, [])
+        utilisation = result.notes.get("slot_utilisation", 0.0)
+        print(f"  {'':<40} slot utilisation {utilisation:.3f} (start write to outcome, over 2 slots)")
+        out.append({**row(f"spin, {pool} -c 2", result), "slot_utilisation": utilisation})
+    return out
 
 
 @contextmanager

@@ -179,6 +179,10 @@ class Bench:
         busy_s = max((last - first) / 1000, 1e-3)
         result = Result("W1 instant", n, once, n / enqueue_s, busy_s, n / busy_s)
         result.notes["wall_s"] = wall_s
+        # Slot utilisation: the share of the slots' time with an attempt between its start write and
+        # its outcome (what a slot spends between tasks is the rest).
+        held_s = sum(r.finished_ms - r.started_ms for r in runs if r.started_ms and r.finished_ms) / 1000
+        result.notes["slot_utilisation"] = held_s / (busy_s * self.concurrency * self.workers)
         return result
 
     def spike(self, n: int = 10_000, *, lead_s: float = 10.0, critical: int = 0) -> Result:
