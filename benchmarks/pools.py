@@ -2,7 +2,8 @@
 
     python benchmarks/pools.py w1 --runs 20000            # W1 on every pool, 1 and 2 workers
     python benchmarks/pools.py io --runs 10000            # 100 ms sleeps: gevent, asyncio, Celery gevent
-    python benchmarks/pools.py cpu --runs 200             # ~50 ms of Python each: prefork vs threads, -c 2
+    python benchmarks/pools.py cpu --runs 200             # pure Python spins: prefork vs threads, -c 2
+                                                          # (--spin-n 1300000: ~55 ms each on this machine)
     python benchmarks/pools.py hardlimit                  # a task looping forever under a 1 s limit
     python benchmarks/pools.py autoscale --runs 5000      # a burst of 50 ms sleeps, --autoscale 64,2
     python benchmarks/pools.py memory --runs 300          # a leaking task, with and without recycling
@@ -146,9 +147,14 @@ def _lines(path: Path) -> int:
 
 
 def cpu(args: argparse.Namespace) -> list[dict[str, Any]]:
-    return [
-        row(f"spin, {pool} -c 2", bench(args.stack, pool, 2, SPIN, args.runs, [])) for pool in ("threads", "prefork")
-    ]
+    out = []
+    for pool in ("threads", "prefork"):
+        result = bench(args.stack, pool, 2, SPIN, args.runs, [args.spin_n] if args.spin_n else [])
+        utilisation = result.notes.get("slot_utilisation", 0.0)
+        line = row(f"spin, {pool} -c 2", result)
+        print(f"  {'':<40} slot utilisation {utilisation:.3f} (start write to outcome, over 2 slots)")
+        out.append({**line, "slot_utilisation": utilisation})
+    return out
 
 
 @contextmanager
@@ -300,6 +306,7 @@ def main() -> None:
     parser.add_argument("--pools", default="prefork,threads,gevent,asyncio,solo")
     parser.add_argument("--pool", default="threads", help="autoscale: the pool to grow")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--spin-n", type=int, default=None, help="cpu: loop count of each spin (600,000: ~23 ms here)")
     parser.add_argument("--workers", type=lambda v: [int(x) for x in v.split(",")], default=[1, 2])
     parser.add_argument("--w1-concurrency", type=int, default=None, help="w1: one -c for every pool")
     args = parser.parse_args()

@@ -192,6 +192,22 @@ def test_a_task_s_return_value_is_recorded_on_success(make: Callable[..., PoolHa
         assert run.result["pid"] != os.getpid(), "prefork runs tasks in a child process"
 
 
+def test_the_next_task_runs_on_the_slot_while_the_previous_outcome_is_still_being_written(
+    make: Callable[..., PoolHarness],
+) -> None:
+    h = make()
+    first, second = h.delay("c.add", 1, 2), h.delay("c.add", 3, 4)
+    h.dispatch()
+    h.take()
+    assert h.worker.state.wait(lambda: h.worker.state.executing() == 0, 20)
+    assert h.worker.state.busy() == 1, "the first outcome is not written yet: its attempt is held"
+    h.take()  # the one slot is free again: the second task runs before the first outcome is durable
+    assert h.worker.state.wait(lambda: h.worker.state.busy() == 2 and h.worker.state.executing() == 0, 20)
+    assert h.current(first).state is RunState.RUNNING, "still leased to this worker until its write commits"
+    h.settle()
+    assert [h.current(x).state for x in (first, second)] == [RunState.SUCCEEDED] * 2
+
+
 def test_a_retry_runs_the_task_again_and_the_second_attempt_succeeds(make: Callable[..., PoolHarness]) -> None:
     h = make()
     handle = h.delay("c.flaky", h.path("flaky"))

@@ -133,7 +133,7 @@ class Worker(Daemon):
             waiting += depth.waiting
             messages += max(transport.depth(queue), depth.waiting)
         self.recommended_workers = recommended_workers(messages, self.autoscaler.maximum)
-        busy = self.state.busy() + self.state.lost_slots()
+        busy = self.state.occupied()
         late_s = max(0, self.state.take_lateness()) / 1000
         change = self.autoscaler.decide(Signals(waiting, busy, self.concurrency, late_s), now_ms)
         if change is not None:
@@ -188,7 +188,7 @@ class Worker(Daemon):
             "queues": tuple(self.queues),
             "pool": getattr(self.pool, "name", None),
             "concurrency": self.concurrency,
-            "busy": self.state.busy(),
+            "busy": self.state.occupied() - self.state.lost_slots(),
             "free": max(0, self.state.free()),
             "lost": self.state.lost_slots(),
             "running": running[:RUNNING_MAX],
@@ -310,10 +310,21 @@ class Worker(Daemon):
 
         def slots() -> dict[tuple[str, ...], float]:
             lost = state.lost_slots()
-            return {("busy",): state.busy(), ("free",): state.free(), ("lost",): lost}
+            return {
+                ("busy",): state.occupied() - lost,
+                ("free",): state.free(),
+                ("lost",): lost,
+                ("completing",): state.completing_count(),
+            }
 
         METRICS.register(
-            Gauge("jobq_worker_slots", "The worker's slots: busy, free, or lost to a stuck task.", ("state",), slots)
+            Gauge(
+                "jobq_worker_slots",
+                "The worker's slots: busy, free, or lost to a stuck task; completing: attempts whose outcome"
+                " is being written (they hold no slot up to the pool size).",
+                ("state",),
+                slots,
+            )
         )
         METRICS.register(POOL_SIZE)
         METRICS.register(

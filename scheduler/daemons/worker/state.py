@@ -1,9 +1,15 @@
 """What one worker holds: its attempts, from the start write until their outcome is durable.
 
 The consumer adds attempts, the pool reports their outcomes, the lease monitor renews them and
-applies time limits, the completer writes their outcomes and releases them. A slot is free
-when it holds no attempt and no execution the worker gave up on but could not stop (a thread
-past its hard time limit: a *lost* slot, until the function returns).
+applies time limits, the completer writes their outcomes and releases them.
+
+A slot is one execution in the pool. It is taken by an attempt while its task runs, and by an
+execution the worker gave up on but could not stop (a thread past its hard time limit: a *lost*
+slot, until the function returns). Once the task has returned, its attempt stays held (leased,
+renewed, fenced) until its outcome write commits, but its slot is free for the next task: the
+pool does not idle while an outcome travels to the store. That holds for up to `concurrency`
+completing attempts; past that bound each further one takes a slot again, so a store that does
+not answer makes the worker stop taking work with at most twice `concurrency` attempts held.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ class WorkerState:
         self.lock = threading.RLock()  # re-entrant: `wait` predicates may call the readers below
         self.changed = threading.Condition(self.lock)  # notified whenever attempts or slots change
         self.held: dict[AttemptKey, Attempt] = {}
+        self._completing = 0  # held attempts in Phase.COMPLETING (lost ones included)
         self.lost: set[AttemptKey] = set()  # executions given up on that still occupy a slot
         self.late_ms = 0  # the largest start lateness since the autoscaler last looked
         self.reserved = 0  # slots kept for deliveries held until their not-before time (look-ahead)
@@ -40,8 +47,23 @@ class WorkerState:
             return late
 
     def free(self) -> int:
+        """Slots the consumer may fill now: the size, less the slots taken and those reserved for
+        held deliveries."""
         with self.lock:
-            return max(0, self.concurrency - len(self.held) - len(self.lost.difference(self.held)) - self.reserved)
+            return max(0, self.concurrency - self._taken() - len(self.lost) - self.reserved)
+
+    def occupied(self) -> int:
+        """Slots not free and not reserved: executions running (lost ones included), and completing
+        attempts past the bound."""
+        with self.lock:
+            return self._taken() + len(self.lost)
+
+    def _taken(self) -> int:
+        """Slots held by attempts (a lost execution's slot is counted in `lost`, not here): those
+        executing, and the completing ones beyond `concurrency` (call under the lock)."""
+        executing = len(self.held) - self._completing
+        lost_completing = sum(1 for key in self.lost if key in self.held)  # given up: counted as lost
+        return executing + max(0, self._completing - lost_completing - self.concurrency)
 
     def reserve(self, n: int) -> None:
         """Keep `n` slots for deliveries held until their not-before time (released with `unreserve`
@@ -60,12 +82,18 @@ class WorkerState:
             return len(self.lost)
 
     def busy(self) -> int:
+        """Attempts held: executing, or completing (their outcome not yet durable)."""
         with self.lock:
             return len(self.held)
 
     def executing(self) -> int:
         with self.lock:
-            return sum(1 for a in self.held.values() if a.phase is Phase.EXECUTING)
+            return len(self.held) - self._completing
+
+    def completing_count(self) -> int:
+        """Held attempts whose outcome is decided and not yet durable."""
+        with self.lock:
+            return self._completing
 
     def add(self, attempts: Iterable[Attempt]) -> None:
         # The one change that notifies nobody: an add only takes slots and starts executions, which
@@ -73,7 +101,10 @@ class WorkerState:
         # waking them per start batch cost a lock hand-off each (issue 14).
         with self.lock:
             for attempt in attempts:
+                self._drop(attempt.key)
                 self.held[attempt.key] = attempt
+                if attempt.phase is Phase.COMPLETING:
+                    self._completing += 1
 
     def snapshot(self) -> list[Attempt]:
         with self.lock:
@@ -91,6 +122,7 @@ class WorkerState:
                     self.changed.notify_all()
                 return False
             decide(attempt)
+            self._count_decided(attempt)
             self.changed.notify_all()
             return True
 
@@ -103,6 +135,7 @@ class WorkerState:
                 return False
             attempt.abandoned = True
             decide(attempt)
+            self._count_decided(attempt)
             self.lost.add(attempt.key)
             self.changed.notify_all()
             return True
@@ -130,7 +163,7 @@ class WorkerState:
         with self.changed:
             for attempt in attempts:
                 if self.held.get(attempt.key) is attempt:
-                    del self.held[attempt.key]
+                    self._drop(attempt.key)
             self.changed.notify_all()
 
     def wake(self) -> None:
@@ -138,6 +171,16 @@ class WorkerState:
         see itself (the worker stopping), so no loop sleeps out its idle wait first."""
         with self.changed:
             self.changed.notify_all()
+
+    def _count_decided(self, attempt: Attempt) -> None:
+        if attempt.phase is Phase.COMPLETING:
+            self._completing += 1
+
+    def _drop(self, key: AttemptKey) -> None:
+        """Forget the attempt held under `key`, if any (call under the lock)."""
+        attempt = self.held.pop(key, None)
+        if attempt is not None and attempt.phase is Phase.COMPLETING:
+            self._completing -= 1
 
     def wait(self, predicate: Callable[[], bool], timeout_s: float) -> bool:
         """Block until `predicate()` (evaluated under the lock) holds; False on timeout."""
