@@ -272,9 +272,16 @@ def test_a_daemon_metrics_port_serves_the_gauges_and_a_killed_daemon_drops_out(t
             return ""
 
     try:
-        wait_until(lambda: 'jobq_daemons_alive{role="reaper"} 1' in metrics(), 30, "the reaper in the scanner's gauges")
-        text = metrics()
-        assert 'jobq_daemons_alive{role="scanner"} 1' in text and 'jobq_queue_backlog{queue="critical"} 0' in text
+        # Both daemons register on their own first heartbeat, and the gauges come from an overview
+        # cached for up to 5 s: one taken between the two registrations shows only the first.
+        expected = ('jobq_daemons_alive{role="reaper"} 1', 'jobq_daemons_alive{role="scanner"} 1')
+
+        def both_alive() -> bool:
+            text = metrics()
+            return all(line in text for line in expected)
+
+        wait_until(both_alive, 30, "both daemons in the scanner's gauges")
+        assert 'jobq_queue_backlog{queue="critical"} 0' in metrics()
         procs.kill9("reaper")  # no deregistration: its entry expires after three heartbeats
         wait_until(lambda: 'jobq_daemons_alive{role="reaper"} 0' in metrics(), 30, "the killed reaper to drop out")
     finally:
