@@ -189,13 +189,16 @@ _LEASED = "('CLAIMED', 'DISPATCHED', 'RUNNING')"
 # A one-off's final outcome completes its job in the same transaction; the JSON document and the
 # queried columns change together. A document that is not a JSON object (a corrupt row) is left as
 # it is: its columns are what a corrupt marker shows.
-_SET_STATUS = """
-UPDATE jobq_jobs SET status = ?1, version = version + 1,
-    doc = CASE WHEN NOT json_valid(doc) THEN doc WHEN json_type(doc) <> 'object' THEN doc
-               ELSE json_set(doc, '$.status', ?1, '$.version', version + 1,
-                             '$.updated_ms', coalesce(?2, json_extract(doc, '$.updated_ms')){reason}) END
-WHERE tenant_id = ?3 AND job_id = ?4 AND status IN ({expect})
-"""
+# A job's new status in its document too (a document that is not a JSON object is left as it is:
+# quarantine reads it); `{status}` and `{at}` name the new status and the time, if any.
+_STATUS_DOC = """CASE WHEN NOT json_valid(doc) THEN doc WHEN json_type(doc) <> 'object' THEN doc
+               ELSE json_set(doc, '$.status', {status}, '$.version', version + 1,
+                             '$.updated_ms', coalesce({at}, json_extract(doc, '$.updated_ms')){reason}) END"""
+_SET_STATUS = (
+    "UPDATE jobq_jobs SET status = ?1, version = version + 1, doc = "
+    + _STATUS_DOC.replace("{status}", "?1").replace("{at}", "?2")
+    + " WHERE tenant_id = ?3 AND job_id = ?4 AND status IN ({expect})"
+)
 _FINISH_JOB = _SET_STATUS.format(reason="", expect="'ACTIVE', 'COMPLETED'")
 _CHUNK = 500  # ids per IN (...) list
 # Entries are kept this long past their expiry (a `jobq workers` a moment late still sees who left).
@@ -871,16 +874,13 @@ def _transition_statement(t: Transition) -> _Statement:
 
 
 # `_FINISH_JOB` for many jobs at once: (status, at_ms, tenant_id, job_id) per row of a JSON array.
-_FINISH_JOBS = """
-UPDATE jobq_jobs AS j SET status = t.status, version = j.version + 1,
-    doc = CASE WHEN NOT json_valid(j.doc) THEN j.doc WHEN json_type(j.doc) <> 'object' THEN j.doc
-               ELSE json_set(j.doc, '$.status', t.status, '$.version', j.version + 1,
-                             '$.updated_ms', coalesce(t.at_ms, json_extract(j.doc, '$.updated_ms'))) END
-FROM (SELECT json_extract(value, '$[0]') AS status, json_extract(value, '$[1]') AS at_ms,
-             json_extract(value, '$[2]') AS tenant_id, json_extract(value, '$[3]') AS job_id
-      FROM json_each(?)) AS t
-WHERE j.tenant_id = t.tenant_id AND j.job_id = t.job_id AND j.status IN ('ACTIVE', 'COMPLETED')
-"""
+_FINISH_JOBS = (
+    "UPDATE jobq_jobs AS j SET status = t.status, version = j.version + 1, doc = "
+    + _STATUS_DOC.replace("{status}", "t.status").replace("{at}", "t.at_ms").format(reason="")
+    + " FROM (SELECT json_extract(value, '$[0]') AS status, json_extract(value, '$[1]') AS at_ms, "
+    "json_extract(value, '$[2]') AS tenant_id, json_extract(value, '$[3]') AS job_id FROM json_each(?)) AS t "
+    "WHERE j.tenant_id = t.tenant_id AND j.job_id = t.job_id AND j.status IN ('ACTIVE', 'COMPLETED')"
+)
 
 
 def _finish_jobs(conn: sqlite3.Connection, finished: Sequence[tuple[str, int | None, Any, Any]]) -> None:
