@@ -327,9 +327,6 @@ class Client:
             }
         )
 
-    def _publish(self, job: Job, runs: Sequence[Run]) -> None:
-        self._publish_pairs([(job, run) for run in runs])
-
     def _publish_pairs(self, pairs: Sequence[tuple[Job, Run]]) -> None:
         """Publish runs dispatched at submission (all of one priority); if the broker refuses, hand
         them to the scanner instead."""

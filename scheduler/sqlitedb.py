@@ -135,11 +135,12 @@ class SqliteDatabase:
         savepoint, so one that raises undoes only its own writes): the store, time index and queue
         of one file then commit together, or not at all."""
         with self.write():
+            outer = getattr(self._local, "atomic", False)  # an atomic inside another joins it
             self._local.atomic = True
             try:
                 yield
             finally:
-                self._local.atomic = False
+                self._local.atomic = outer
 
     @contextlib.contextmanager
     def _savepoint(self, conn: sqlite3.Connection) -> Iterator[None]:

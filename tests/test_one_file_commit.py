@@ -59,6 +59,16 @@ def test_an_error_inside_atomic_rolls_every_joined_write_back(db: SqliteDatabase
     assert values(db) == ["z"]
 
 
+def test_an_atomic_inside_another_joins_it_and_leaves_it_joinable(db: SqliteDatabase) -> None:
+    with pytest.raises(RuntimeError, match="outer"), db.atomic():
+        with db.atomic(), db.write() as conn:
+            conn.execute("INSERT INTO t VALUES ('inner')")
+        with db.write() as conn:  # still inside the outer one: joins it rather than being refused
+            conn.execute("INSERT INTO t VALUES ('after')")
+        raise RuntimeError("the outer one fails")
+    assert values(db) == []  # the inner one's write went with the outer transaction
+
+
 def test_a_nested_write_outside_atomic_is_still_refused_as_a_bug(db: SqliteDatabase) -> None:
     with pytest.raises(RuntimeError, match="nested write"), db.write(), db.write():
         pass
