@@ -314,8 +314,9 @@ def test_an_instant_run_whose_submitter_died_before_publishing_is_recovered_by_t
     def noop() -> None:
         pass
 
-    monkeypatch.setattr(Client, "_publish", lambda self, job, runs: None)  # the process died here
+    monkeypatch.setattr(Client, "_publish_pairs", lambda self, pairs: None)  # the process died here
     handle = noop.delay()
+    assert h.d.transport.depth("default") == 0  # stored, never published
     h.advance(h.d.settings.schedule_to_start_s + 1)
     assert h.reaper.run_once(h.clock.now_ms()) == 1
     h.cycle()
