@@ -254,9 +254,15 @@ def _json(value: Any) -> Any:
     return None if value is None else psycopg.types.json.Jsonb(value)
 
 
-def _run_values(run: Run) -> list[Any]:
+def _run_row(run: Run) -> dict[str, Any]:
+    """The run's columns by name, as JSON values (the priority as its rank)."""
     row = run.model_dump(mode="json")
     row["priority"] = run.priority.rank
+    return row
+
+
+def _run_values(run: Run) -> list[Any]:
+    row = _run_row(run)
     row["result"] = _json(row["result"])
     return [row[c] for c in RUN_COLUMNS]
 
@@ -295,12 +301,8 @@ def _job_values(job: Job) -> list[Any]:
 
 def _insert_job(conn: Connection, db: PostgresDatabase, job: Job, runs: Sequence[Run]) -> bool:
     """Insert `job` and, when it is new, its `runs` (`_CREATE_JOB`); False when the key exists."""
-    rows = []
-    for run in runs:
-        row = run.model_dump(mode="json")
-        row["priority"] = run.priority.rank
-        rows.append(row)
-    params = [job.job_id, *_job_values(job), json.dumps(rows, separators=(",", ":"))]
+    rows = json.dumps([_run_row(run) for run in runs], separators=(",", ":"))
+    params = [job.job_id, *_job_values(job), rows]
     found = conn.execute(db.sql(_CREATE_JOB), params).fetchone()
     return found is not None and found["created"] == 1
 
