@@ -188,7 +188,7 @@ class Worker(Daemon):
             "queues": tuple(self.queues),
             "pool": getattr(self.pool, "name", None),
             "concurrency": self.concurrency,
-            "busy": self.state.occupied() - self.state.lost_slots(),
+            "busy": self.state.taken(),
             "free": max(0, self.state.free()),
             "lost": self.state.lost_slots(),
             "running": running[:RUNNING_MAX],
@@ -311,7 +311,7 @@ class Worker(Daemon):
         def slots() -> dict[tuple[str, ...], float]:
             lost = state.lost_slots()
             return {
-                ("busy",): state.occupied() - lost,
+                ("busy",): state.taken(),
                 ("free",): state.free(),
                 ("lost",): lost,
                 ("completing",): state.completing_count(),

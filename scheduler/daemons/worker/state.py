@@ -58,6 +58,11 @@ class WorkerState:
         with self.lock:
             return self._taken() + len(self.lost)
 
+    def taken(self) -> int:
+        """Slots busy with an attempt: executing, or completing beyond the bound (lost slots apart)."""
+        with self.lock:
+            return self._taken()
+
     def _taken(self) -> int:
         """Slots held by attempts (a lost execution's slot is counted in `lost`, not here): those
         executing, and the completing ones beyond `concurrency` (call under the lock)."""
